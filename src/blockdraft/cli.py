@@ -1,0 +1,122 @@
+"""The `blockdraft` command line: generate (more subcommands join as the pipeline grows)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import BlockdraftError
+
+
+class TextStreamer:
+    """Prints the decoded text as tokens arrive. Decoding the whole output each time keeps
+    multi-byte characters intact; the tail that could still become a stop string is held back."""
+
+    def __init__(self, decode, stop_strings=(), out=sys.stdout):
+        self.decode, self.out = decode, out
+        self.hold = max((len(s) for s in stop_strings), default=1) - 1
+        self.tokens: list[int] = []
+        self.printed = 0
+
+    def __call__(self, new_tokens: list[int]) -> None:
+        self.tokens += new_tokens
+        text = self.decode(self.tokens)
+        safe = len(text) - self.hold
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            safe = min(safe, len(text) - 1)
+        if safe > self.printed:
+            self.out.write(text[self.printed : safe])
+            self.out.flush()
+            self.printed = safe
+
+    def finish(self, final_text: str) -> None:
+        self.out.write(final_text[self.printed :] + "\n")
+        self.out.flush()
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt raw, without the chat template")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .methods import METHODS
+    from .verify import ACCEPTORS
+
+    parser = argparse.ArgumentParser(prog="blockdraft", description="Faster decoding with block drafters, losslessly.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt with a speculative method")
+    g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
+    g.add_argument("--method", default="lookup", help=f"one of: {', '.join(METHODS)} (default lookup)")
+    _add_generation_args(g)
+    g.add_argument("--acceptor", default=None, choices=list(ACCEPTORS),
+                   help="acceptance rule (default: greedy at T=0, rejection at T>0; 'typical' is lossy)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    g.add_argument("--stats", action="store_true", help="print statistics to stderr after the text")
+    return parser
+
+
+def cmd_generate(args) -> int:
+    from .api import load_target
+    from .decoding import SpeculativeDecoder
+    from .methods import make_drafter
+    from .verify import SamplingParams
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise BlockdraftError("the prompt is empty")
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)
+    if args.max_new_tokens <= 0:
+        raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    target = load_target(args.target or "smollm2-135m")
+    drafter = make_drafter(args.method, target)
+    decoder = SpeculativeDecoder(target, drafter, params, args.acceptor)
+    ids = target.encode(prompt, chat_template=not args.no_chat_template)
+    streamer = None if args.json else TextStreamer(target.decode, args.stop)
+    result = decoder.generate(ids, args.max_new_tokens, tuple(args.stop), args.seed, on_tokens=streamer)
+    s = result.stats
+    if args.json:
+        out = {"method": args.method, "target": target.name, "acceptor": decoder.acceptor.name,
+               "lossless": decoder.acceptor.lossless, **result.to_dict()}
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        streamer.finish(result.text)
+    if args.stats:
+        print(
+            f"[{args.method}] {s.new_tokens} tokens, {s.target_calls} target calls, tau {s.tau:.2f}, "
+            f"{s.tokens_per_s:.1f} tokens/s, draft {s.draft_s:.2f}s verify {s.verify_s:.2f}s "
+            f"prefill {s.prefill_s:.2f}s, stop: {s.stop_reason}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "threads", None):
+            import torch
+
+            torch.set_num_threads(args.threads)
+        return COMMANDS[args.command](args)
+    except BlockdraftError as e:
+        print(f"blockdraft: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nblockdraft: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

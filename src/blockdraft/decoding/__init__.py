@@ -1,0 +1,6 @@
+"""The decoding loop: draft, verify, accept, commit; with stopping rules and per-call statistics."""
+
+from .decoder import SpeculativeDecoder
+from .stats import GenerationResult, GenerationStats
+
+__all__ = ["GenerationResult", "GenerationStats", "SpeculativeDecoder"]

@@ -1,0 +1,35 @@
+"""The drafter protocol: propose a DraftTree rooted at the last accepted token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..trees import DraftTree
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may look at before a step."""
+
+    tokens: list[int]  # prompt + output so far; tokens[-1] is the root, not yet seen by the target
+    features: torch.Tensor | None  # target features of the tokens committed by the last step [m, F]
+    max_depth: int  # drafts deeper than this would be cut (token budget or context end)
+
+
+class Drafter:
+    """Base class. A drafter proposes; it never decides what is accepted.
+
+    `feature_layers` names the target layers whose hidden states the drafter reads; the
+    target returns them with every verification pass at no extra call.
+    """
+
+    name = "base"
+    feature_layers: tuple[int, ...] = ()
+
+    def reset(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
+        """Called once per generation, after the target's prefill of prompt_ids[:-1]."""
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        raise NotImplementedError

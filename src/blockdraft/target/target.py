@@ -1,0 +1,161 @@
+"""Target: one causal LM, its KV cache, and the three calls speculative decoding needs."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import BlockdraftError
+from ..trees import DraftTree
+from .loading import DEFAULT_TARGET, load_model_and_tokenizer, resolve_target
+
+
+@dataclass
+class TargetOutput:
+    """What one verification pass returns for the nodes of a draft tree."""
+
+    logits: torch.Tensor  # [n, V] float32: the target's next-token logits at every node
+    features: torch.Tensor | None  # [n, F]: hidden states of the feature layers, concatenated
+
+
+class Target:
+    """Wraps a Hugging Face causal LM for speculative decoding at batch size 1.
+
+    The protocol, per decoding step:
+      prefill(prompt[:-1])   once: fills the KV cache, leaves the last prompt token as the root
+      verify(tree)           one forward over all tree nodes (ancestor-only mask, position = start + depth)
+      commit(path)           keep the KV entries of the accepted path only
+
+    The KV cache therefore always holds every committed token except the newest one (the
+    root of the next tree), exactly like plain autoregressive decoding.
+    """
+
+    def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = ()):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "name_or_path", None) or model.config.model_type
+        self.config = model.config
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.hidden_size = model.config.hidden_size
+        self.num_layers = model.config.num_hidden_layers
+        self.max_length = getattr(model.config, "max_position_embeddings", None) or 2**31
+        self.feature_layers = tuple(feature_layers)
+        self.cache: DynamicCache | None = None
+        # transformers renamed `past_key_values` to `cache` in 5.x; pass whichever this version takes.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.length = 0  # tokens in the KV cache
+
+    @classmethod
+    def load(cls, name_or_path: str | None = None, dtype: torch.dtype = torch.float32, **kw) -> "Target":
+        """Load a target by name (default: smollm2-135m), model folder or GGUF file."""
+        source = resolve_target(name_or_path or DEFAULT_TARGET)
+        model, tokenizer = load_model_and_tokenizer(source, dtype)
+        return cls(model, tokenizer, name=source.name, **kw)
+
+    # --- text ---------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.model.generation_config, self.config):
+            eos = getattr(src, "eos_token_id", None)
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
+        """Prompt text -> token ids, through the chat template when the model has one."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise BlockdraftError("the prompt is empty")
+        if self.tokenizer is None:
+            raise BlockdraftError("this target has no tokenizer: pass token ids instead of text")
+        if chat_template and getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": prompt}]
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = out["input_ids"] if hasattr(out, "keys") else out
+        else:
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return list(ids)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # --- the speculative decoding protocol ----------------------------------------
+    def check_prompt(self, ids: list[int]) -> None:
+        if len(ids) == 0:
+            raise BlockdraftError("the prompt is empty")
+        if len(ids) >= self.max_length:
+            raise BlockdraftError(
+                f"the prompt has {len(ids)} tokens but the target's context holds {self.max_length}"
+            )
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BlockdraftError(f"token id {bad[0]} is outside the target's vocabulary of {self.vocab_size}")
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> torch.Tensor | None:
+        """Start a new sequence: run `ids` into a fresh KV cache. Returns their features."""
+        self.cache = DynamicCache(config=self.config)
+        self.length = 0
+        if not ids:
+            return None
+        x = torch.tensor([ids], device=self.model.device)
+        out = self.model(
+            input_ids=x,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: self.cache},
+            output_hidden_states=bool(self.feature_layers),
+        )
+        self.length = len(ids)
+        return self._features(out)
+
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        """One forward pass over every tree node; each node attends to the cache and its ancestors."""
+        n = len(tree)
+        device = self.model.device
+        positions = (self.length + tree.depth).unsqueeze(0).to(device)
+        mask = None  # a chain needs only the ordinary causal mask, which transformers builds itself
+        if not tree.is_chain():
+            allowed = torch.ones(n, self.length + n, dtype=torch.bool)
+            allowed[:, self.length :] = tree.ancestor_mask()
+            dtype = self.model.dtype
+            mask = torch.zeros(1, 1, n, self.length + n, dtype=dtype, device=device)
+            mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=tree.tokens.unsqueeze(0).to(device),
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
+            output_hidden_states=bool(self.feature_layers),
+            **{self._cache_kw: self.cache},
+        )
+        return TargetOutput(out.logits[0].float(), self._features(out))
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the KV entries of the accepted nodes `path` (root first), drop the rest of the tree."""
+        start, m = self.length, len(path)
+        contiguous = path == list(range(m))
+        for layer in self.cache.layers:
+            if not contiguous:  # move the accepted entries next to the committed prefix
+                src = torch.tensor(path, device=layer.keys.device) + start
+                layer.keys[..., start : start + m, :] = layer.keys.index_select(-2, src)
+                layer.values[..., start : start + m, :] = layer.values.index_select(-2, src)
+            layer.keys = layer.keys[..., : start + m, :]
+            layer.values = layer.values[..., : start + m, :]
+        self.length = start + m
+
+    def _features(self, out) -> torch.Tensor | None:
+        if not self.feature_layers:
+            return None
+        hs = out.hidden_states  # embeddings + one entry per layer
+        return torch.cat([hs[i][0] for i in self.feature_layers], dim=-1)
