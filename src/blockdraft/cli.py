@@ -13,8 +13,8 @@ class TextStreamer:
     """Prints the decoded text as tokens arrive. Decoding the whole output each time keeps
     multi-byte characters intact; the tail that could still become a stop string is held back."""
 
-    def __init__(self, decode, stop_strings=(), out=sys.stdout):
-        self.decode, self.out = decode, out
+    def __init__(self, decode, stop_strings=(), out=None):
+        self.decode, self.out = decode, out or sys.stdout
         self.hold = max((len(s) for s in stop_strings), default=1) - 1
         self.tokens: list[int] = []
         self.printed = 0

@@ -141,6 +141,7 @@ class Target:
         )
         return TargetOutput(out.logits[0].float(), self._features(out))
 
+    @torch.inference_mode()
     def commit(self, path: list[int]) -> None:
         """Keep the KV entries of the accepted nodes `path` (root first), drop the rest of the tree."""
         start, m = self.length, len(path)

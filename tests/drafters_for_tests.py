@@ -1,0 +1,46 @@
+"""Drafters that exist only to stress the verifier: random trees and sampled chains with real q."""
+
+from __future__ import annotations
+
+import torch
+
+from blockdraft import DraftTree, Drafter
+
+
+class RandomTreeDrafter(Drafter):
+    """Proposes a random tree of random tokens: mostly wrong, sometimes right, any shape."""
+
+    name = "random-tree"
+
+    def __init__(self, vocab_size: int, max_nodes: int = 8, seed: int = 0, favour: list[int] | None = None):
+        self.vocab_size, self.max_nodes = vocab_size, max_nodes
+        self.gen = torch.Generator().manual_seed(seed)
+        self.favour = favour  # tokens drawn more often, so that some drafts get accepted
+
+    def _token(self) -> int:
+        if self.favour and torch.rand((), generator=self.gen) < 0.5:
+            return self.favour[int(torch.randint(len(self.favour), (), generator=self.gen))]
+        return int(torch.randint(self.vocab_size, (), generator=self.gen))
+
+    def propose(self, ctx):
+        n = int(torch.randint(1, self.max_nodes + 1, (), generator=self.gen))
+        tokens, parents = [ctx.tokens[-1]], [-1]
+        for i in range(1, n):
+            parents.append(int(torch.randint(i, (), generator=self.gen)))
+            tokens.append(self._token())
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+
+
+class SampledChainDrafter(Drafter):
+    """Samples a chain from a fixed random distribution q and reports q, for rejection sampling."""
+
+    name = "sampled-chain"
+
+    def __init__(self, vocab_size: int, length: int = 3, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.q = torch.softmax(2 * torch.randn(length, vocab_size, generator=g), -1)
+        self.gen = torch.Generator().manual_seed(seed + 1)
+
+    def propose(self, ctx):
+        draft = torch.multinomial(self.q, 1, generator=self.gen).reshape(-1)
+        return DraftTree.chain(ctx.tokens[-1], draft, self.q)

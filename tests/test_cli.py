@@ -1,0 +1,87 @@
+"""The `blockdraft` command: streaming, --json fields, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from blockdraft.cli import main
+
+
+def run_cli(*args):
+    proc = subprocess.run([sys.executable, "-m", "blockdraft.cli", *args], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_generate_json_on_tiny_model(tiny_model_dir, capsys):
+    rc = main(["generate", "abc abc abc", "--target", str(tiny_model_dir), "--method", "lookup",
+               "--max-new-tokens", "12", "--json", "--no-chat-template"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("text", "new_tokens", "target_calls", "tau", "tokens_per_s", "method"):
+        assert key in out
+    assert out["method"] == "lookup" and out["lossless"] is True
+    assert 1 <= out["new_tokens"] <= 12 and out["target_calls"] >= 1
+    assert out["tau"] == pytest.approx(out["new_tokens"] / out["target_calls"])
+
+
+def test_streamed_text_equals_json_text(tiny_model_dir, capsys):
+    common = ["--target", str(tiny_model_dir), "--max-new-tokens", "16", "--no-chat-template"]
+    assert main(["generate", "hello world", "--method", "ar", *common]) == 0
+    streamed = capsys.readouterr().out
+    assert main(["generate", "hello world", "--method", "lookup", "--json", *common]) == 0
+    assert streamed == json.loads(capsys.readouterr().out)["text"] + "\n"
+
+
+def test_stop_string_cuts_the_text(tiny_model_dir, capsys):
+    common = ["--target", str(tiny_model_dir), "--max-new-tokens", "30", "--no-chat-template", "--json"]
+    main(["generate", "hello world", *common])
+    full = json.loads(capsys.readouterr().out)["text"]
+    stop = full[5:7]
+    main(["generate", "hello world", *common, "--stop", stop])
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["text"] == full[: full.index(stop)] and cut["stop_reason"] == "stop_string"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", ""], "prompt is empty"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens must be positive"),
+        (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
+        (["generate", "hi", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--method", "nope"], "unknown method 'nope'"),
+        (["generate", "hi", "--target", "/no/such/model"], "unknown target '/no/such/model'"),
+    ],
+)
+def test_bad_input_gives_one_line_error_and_exit_2(args, message, tiny_model_dir, capsys):
+    if "--target" not in args:
+        args = args + ["--target", str(tiny_model_dir)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_prompt_longer_than_context(tiny_model_dir, capsys):
+    assert main(["generate", "ab " * 200, "--target", str(tiny_model_dir), "--no-chat-template"]) == 2
+    assert "context holds 256" in capsys.readouterr().err
+
+
+def test_not_a_causal_lm_and_corrupt_gguf(tmp_path, capsys):
+    from transformers import ViTConfig
+
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+              intermediate_size=8).save_pretrained(tmp_path / "vit")
+    assert main(["generate", "hi", "--target", str(tmp_path / "vit")]) == 2
+    assert "not a causal language model" in capsys.readouterr().err
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"this is not a gguf file")
+    assert main(["generate", "hi", "--target", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "could not read" in err and "broken.gguf" in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_entry_point_exit_code(tiny_model_dir):
+    rc, out, err = run_cli("generate", "hi", "--target", str(tiny_model_dir), "--temperature", "-1")
+    assert rc == 2 and "temperature must be >= 0" in err and "Traceback" not in err

