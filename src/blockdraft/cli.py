@@ -61,7 +61,59 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
     g.add_argument("--stats", action="store_true", help="print statistics to stderr after the text")
+
+    b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench questions")
+    b.add_argument("--questions", default=None,
+                   help="Spec-Bench style .jsonl (default: ../shared/data/spec_bench/question.jsonl)")
+    b.add_argument("--methods", default="ar,hf,hf-lookup,lookup",
+                   help="comma-separated; 'ar' is required (speedups are against it); hf, hf-lookup = transformers")
+    b.add_argument("--per-category", type=int, default=None, help="first N questions of each category")
+    b.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    b.add_argument("--out", default=None, help="output folder (default runs/bench-DATE-TIME)")
+    b.add_argument("--acceptor", default=None, choices=list(ACCEPTORS), help="acceptance rule for our methods")
+    _add_generation_args(b)
+    b.set_defaults(no_chat_template=False)
     return parser
+
+
+def cmd_bench(args) -> int:
+    import datetime
+    from pathlib import Path
+
+    from .api import load_target
+    import torch
+
+    from .bench import BenchConfig, default_question_file, load_questions, run_bench
+    from .bench.report import markdown_table, write_report
+    from .bench.runners import HF_METHODS
+    from .methods import METHODS
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.max_new_tokens <= 0:
+        raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.per_category is not None and args.per_category <= 0:
+        raise BlockdraftError(f"--per-category must be positive, got {args.per_category}")
+    cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    questions = load_questions(args.questions, args.per_category, cats)
+    # Check the method names before spending seconds on loading the model.
+    unknown = [m for m in methods if m not in METHODS and m not in HF_METHODS]
+    if unknown:
+        raise BlockdraftError(f"unknown method '{unknown[0]}': choose from {', '.join([*METHODS, *HF_METHODS])}")
+    if "ar" not in methods:
+        raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
+    target = load_target(args.target or "smollm2-135m")
+    config = BenchConfig(
+        methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed or 0, acceptor=args.acceptor,
+        question_file=str(args.questions or default_question_file()), per_category=args.per_category,
+        target=target.name, threads=args.threads or torch.get_num_threads(),
+    )
+    results = run_bench(target, questions, config)
+    out = Path(args.out or f"runs/bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    files = write_report(results, out)
+    print(markdown_table(results))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
 
 
 def cmd_generate(args) -> int:
@@ -99,7 +151,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate}
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,89 @@
+"""One runner per benchmarked method: our decoder by method name, or transformers' own generate()."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from ..decoding import SpeculativeDecoder
+from ..errors import BlockdraftError
+from ..methods import METHODS, make_drafter
+from ..target import Target
+from ..verify import SamplingParams
+
+HF_METHODS = {
+    "hf": "transformers generate() (greedy or sampling)",
+    "hf-lookup": "transformers generate(prompt_lookup_num_tokens=10)",
+}
+
+
+@dataclass
+class RunRecord:
+    tokens: list[int]
+    time_s: float
+    target_calls: int
+    draft_s: float | None = None
+    verify_s: float | None = None
+    accepted_hist: Counter = field(default_factory=Counter)
+
+
+class DecoderRunner:
+    def __init__(self, name: str, target: Target, params: SamplingParams, acceptor: str | None = None):
+        self.name = name
+        self.decoder = SpeculativeDecoder(target, make_drafter(name, target), params, acceptor)
+        self.lossless = self.decoder.acceptor.lossless
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> RunRecord:
+        r = self.decoder.generate(prompt_ids, max_new_tokens, seed=seed)
+        s = r.stats
+        return RunRecord(r.tokens, s.total_s, s.target_calls, s.draft_s, s.verify_s, Counter(s.accepted_hist))
+
+
+class HFRunner:
+    """transformers' generate() on the very same loaded model: the external yardstick."""
+
+    lossless = True
+
+    def __init__(self, name: str, target: Target, params: SamplingParams):
+        self.name, self.target = name, target
+        eos = sorted(target.eos_token_ids)
+        self.kwargs = dict(eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
+        if params.greedy:
+            self.kwargs.update(do_sample=False)
+        else:
+            # top_k=0 and top_p=1 switch those filters off (the model's generation_config may set others)
+            self.kwargs.update(do_sample=True, temperature=params.temperature, top_k=params.top_k,
+                               top_p=params.top_p)
+        if name == "hf-lookup":
+            self.kwargs.update(prompt_lookup_num_tokens=10)
+        self.calls = 0
+
+    def _count(self, *_):
+        self.calls += 1
+
+    @torch.inference_mode()
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> RunRecord:
+        torch.manual_seed(seed)
+        x = torch.tensor([prompt_ids])
+        self.calls = 0
+        hook = self.target.model.register_forward_hook(self._count)  # target calls, prefill included
+        try:
+            t0 = time.perf_counter()
+            out = self.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                             **self.kwargs)
+            dt = time.perf_counter() - t0
+        finally:
+            hook.remove()
+        return RunRecord(out[0, len(prompt_ids):].tolist(), dt, self.calls)
+
+
+def make_runner(name: str, target: Target, params: SamplingParams, acceptor: str | None = None):
+    if name in HF_METHODS:
+        return HFRunner(name, target, params)
+    if name in METHODS:
+        return DecoderRunner(name, target, params, acceptor)
+    known = ", ".join([*METHODS, *HF_METHODS])
+    raise BlockdraftError(f"unknown method '{name}': choose from {known}")

@@ -1,0 +1,81 @@
+"""`blockdraft bench` end to end on a tiny random model: schema, losslessness check, reports."""
+
+import json
+
+import pytest
+
+from blockdraft.bench import run as bench_run
+from blockdraft.bench.runners import RunRecord, make_runner
+from blockdraft.cli import main
+
+
+@pytest.fixture
+def question_file(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["abc abc", "again abc"]},
+        {"question_id": 2, "category": "writing", "turns": ["hello"]},
+        {"question_id": 3, "category": "summarization", "turns": ["the cat sat. the cat sat."]},
+        {"question_id": 4, "category": "summarization", "turns": ["no more"]},
+    ]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+class OutputChanger:
+    """A method that deliberately alters the output: the bench must report it lossless: false."""
+
+    lossless = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def run(self, prompt_ids, max_new_tokens, seed):
+        rec = self.inner.run(prompt_ids, max_new_tokens, seed)
+        return RunRecord(rec.tokens[:-1] + [(rec.tokens[-1] + 1) % 20], rec.time_s, rec.target_calls)
+
+
+def test_bench_end_to_end(tiny_model_dir, question_file, tmp_path, monkeypatch, capsys):
+    def patched(name, target, params, acceptor=None):
+        if name == "broken":
+            return OutputChanger(make_runner("ar", target, params, acceptor))
+        return make_runner(name, target, params, acceptor)
+
+    monkeypatch.setattr(bench_run, "make_runner", patched)
+    monkeypatch.setitem(__import__("blockdraft.methods").methods.METHODS, "broken", (None, "test only"))
+    out = tmp_path / "out"
+    rc = main(["bench", "--questions", str(question_file), "--methods", "ar,hf,hf-lookup,lookup,broken",
+               "--target", str(tiny_model_dir), "--max-new-tokens", "10", "--out", str(out),
+               "--per-category", "1"])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) >= {"config", "methods"}
+    assert results["config"]["questions"] == 2  # --per-category 1 over two categories
+    for name in ("ar", "hf", "hf-lookup", "lookup", "broken"):
+        m = results["methods"][name]
+        assert {"tau", "tokens_per_s", "speedup", "speedup_vs_hf", "lossless", "per_category"} <= set(m)
+        assert set(m["per_category"]) == {"writing", "summarization"}
+        for cat in m["per_category"].values():
+            assert {"tau", "tokens_per_s", "speedup"} <= set(cat)
+    methods = results["methods"]
+    assert methods["ar"]["speedup"] == pytest.approx(1.0) and methods["ar"]["tau"] == pytest.approx(1.0)
+    assert methods["lookup"]["lossless"] is True and methods["hf"]["lossless"] is True
+    assert methods["broken"]["lossless"] is False
+    assert methods["broken"]["first_mismatch"] == {"question_id": 1, "turn": 1}
+    # multi-turn: question 1 has two turns for every method
+    turns = [r for r in results["records"] if r["question_id"] == 1 and r["method"] == "lookup"]
+    assert [r["turn"] for r in turns] == [0, 1]
+    report = (out / "report.md").read_text()
+    assert "| lookup |" in report and "| broken |" in report and "NO" in report
+    for png in ("speedup_per_category.png", "accepted_length_hist.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_errors(question_file, tiny_model_dir, capsys):
+    assert main(["bench", "--questions", str(question_file), "--methods", "lookup",
+                 "--target", str(tiny_model_dir)]) == 2
+    assert "needs 'ar'" in capsys.readouterr().err
+    assert main(["bench", "--questions", "/no/file.jsonl"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["bench", "--questions", str(question_file), "--methods", "ar,zzz"]) == 2
+    assert "unknown method 'zzz'" in capsys.readouterr().err
