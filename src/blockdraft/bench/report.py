@@ -70,6 +70,17 @@ def markdown_report(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _finish(fig, ax, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot(results: dict, folder: Path) -> list[Path]:
     import matplotlib
 
@@ -78,7 +89,6 @@ def plot(results: dict, folder: Path) -> list[Path]:
 
     methods = results["methods"]
     cats = sorted({c for m in methods.values() for c in m["per_category"]})
-    paths = []
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(cats) + 2), 4))
     width = 0.8 / max(1, len(methods))
     for i, (name, m) in enumerate(methods.items()):
@@ -87,30 +97,19 @@ def plot(results: dict, folder: Path) -> list[Path]:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=30, ha="right")
     ax.set_ylabel("speedup vs ar")
-    ax.set_title("Speedup per category")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(folder / "speedup_per_category.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    speed = _finish(fig, ax, "Speedup per category", folder / "speedup_per_category.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, m in methods.items():
         hist = m["accepted_hist"]
-        if not hist:
-            continue
-        total = sum(hist.values())
-        ks = sorted(hist)
-        ax.plot(ks, [hist[k] / total for k in ks], marker="o", label=name)
+        if hist:
+            total = sum(hist.values())
+            ks = sorted(hist)
+            ax.plot(ks, [hist[k] / total for k in ks], marker="o", label=name)
     ax.set_xlabel("draft tokens accepted per target call")
     ax.set_ylabel("share of calls")
-    ax.set_title("Accepted length histogram")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(folder / "accepted_length_hist.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
+    hist = _finish(fig, ax, "Accepted length histogram", folder / "accepted_length_hist.png")
+    return [speed, hist]
 
 
 def write_report(results: dict, folder: str | Path) -> list[Path]:

@@ -17,11 +17,15 @@ class PromptLookupDrafter(Drafter):
     and the output so far; the `num_tokens` tokens that followed a match are the draft. With
     `max_branches` > 1, the continuations of several matches (most recent first, distinct)
     are merged into a small trie and verified together.
+
+    min_ngram defaults to 2: on a CPU, verifying any draft costs ~1.4x a single-token step, and
+    one-token matches are accepted too rarely to pay for it (measured on Spec-Bench summarization,
+    rag and extraction: 1.24x with min_ngram=1, 1.41x with 2, at nearly the same tau).
     """
 
     name = "lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_tokens: int = 10, max_branches: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_tokens: int = 10, max_branches: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise BlockdraftError(f"lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if num_tokens < 1 or max_branches < 1:
