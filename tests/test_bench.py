@@ -79,3 +79,14 @@ def test_bench_errors(question_file, tiny_model_dir, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["bench", "--questions", str(question_file), "--methods", "ar,zzz"]) == 2
     assert "unknown method 'zzz'" in capsys.readouterr().err
+
+
+def test_bench_sampling_run_reports_no_token_comparison(tiny_model_dir, question_file, tmp_path):
+    out = tmp_path / "s"
+    assert main(["bench", "--questions", str(question_file), "--methods", "ar,hf,lookup", "--target",
+                 str(tiny_model_dir), "--max-new-tokens", "8", "--temperature", "1.0", "--top-p", "0.9",
+                 "--out", str(out), "--seed", "3"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["temperature"] == 1.0 and results["config"]["questions"] == 4
+    for m in results["methods"].values():
+        assert m["lossless"] is None and m["lossless_by_design"] is True and m["new_tokens"] > 0

@@ -85,3 +85,19 @@ def test_not_a_causal_lm_and_corrupt_gguf(tmp_path, capsys):
 def test_console_entry_point_exit_code(tiny_model_dir):
     rc, out, err = run_cli("generate", "hi", "--target", str(tiny_model_dir), "--temperature", "-1")
     assert rc == 2 and "temperature must be >= 0" in err and "Traceback" not in err
+
+
+def test_text_streamer_holds_back_a_possible_stop_string():
+    import io
+
+    from blockdraft.cli import TextStreamer
+
+    pieces = {1: "Hel", 2: "lo ", 3: "EN", 4: "D!"}
+    out = io.StringIO()
+    streamer = TextStreamer(lambda ids: "".join(pieces[i] for i in ids), stop_strings=("END",), out=out)
+    streamer([1, 2])
+    assert out.getvalue() == "Hell"  # the last two characters could start "END"
+    streamer([3])
+    assert "EN" not in out.getvalue()
+    streamer.finish("Hello ")  # the decoder cut the text at the stop string
+    assert out.getvalue() == "Hello \n"

@@ -49,7 +49,10 @@ class SpeculativeDecoder:
         target = self.target
         target.check_prompt(prompt_ids)
         gen = torch.Generator()
-        gen.manual_seed(seed) if seed is not None else gen.seed()
+        if seed is not None:
+            gen.manual_seed(seed)
+        else:
+            gen.seed()
         decode = target.decode if target.tokenizer is not None else None
         stopper = Stopper(target.eos_token_ids, tuple(stop_strings), decode)
         stats = GenerationStats(method=self.drafter.name)
