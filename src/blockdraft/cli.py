@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt with a speculative method")
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
-    g.add_argument("--method", default="lookup", help=f"one of: {', '.join(METHODS)} (default lookup)")
+    g.add_argument("--method", default="lookup",
+                   help=f"one of: {', '.join(METHODS)} (default lookup); options as NAME:key=value[:key=value]")
     _add_generation_args(g)
     g.add_argument("--acceptor", default=None, choices=list(ACCEPTORS),
                    help="acceptance rule (default: greedy at T=0, rejection at T>0; 'typical' is lossy)")
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench questions")
     b.add_argument("--questions", default=None,
-                   help="Spec-Bench style .jsonl (default: ../shared/data/spec_bench/question.jsonl)")
+                   help="Spec-Bench style .jsonl (default: ../shared/data/spec_bench/question.jsonl), or "
+                        "'sharegpt' for held-out ShareGPT prompts (for tuning: never tune on Spec-Bench)")
     b.add_argument("--methods", default="ar,hf,hf-lookup,lookup",
                    help="comma-separated; 'ar' is required (speedups are against it); hf, hf-lookup = transformers")
     b.add_argument("--per-category", type=int, default=None, help="first N questions of each category")
@@ -86,7 +88,7 @@ def cmd_bench(args) -> int:
     from .bench import BenchConfig, default_question_file, load_questions, run_bench
     from .bench.report import markdown_table, write_report
     from .bench.runners import HF_METHODS
-    from .methods import METHODS
+    from .methods import METHODS, parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.max_new_tokens <= 0:
@@ -96,7 +98,7 @@ def cmd_bench(args) -> int:
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
     # Check the method names before spending seconds on loading the model.
-    unknown = [m for m in methods if m not in METHODS and m not in HF_METHODS]
+    unknown = [m for m in methods if parse_method(m)[0] not in METHODS and m not in HF_METHODS]
     if unknown:
         raise BlockdraftError(f"unknown method '{unknown[0]}': choose from {', '.join([*METHODS, *HF_METHODS])}")
     if "ar" not in methods:

@@ -53,7 +53,7 @@ def summarize(records: list, config: dict, design_lossless: dict[str, bool]) -> 
         mismatch = None
         if config.get("temperature", 0) == 0:
             for q in complete:
-                for r, ref in zip(mine[q], ar[q]):
+                for r, ref in zip(mine[q], ar[q], strict=True):
                     if r.tokens != ref.tokens and mismatch is None:
                         mismatch = {"question_id": q, "turn": r.turn + 1}
         groups: dict[str, dict] = {}

@@ -36,6 +36,8 @@ def default_question_file() -> Path | None:
 def load_questions(path: str | Path | None, per_category: int | None = None,
                    categories: list[str] | None = None) -> list[Question]:
     """Read a question file; keep the first `per_category` questions of each category, in file order."""
+    if str(path) == "sharegpt":
+        return _sharegpt_questions(per_category)
     if path is None:
         path = default_question_file()
         if path is None:
@@ -65,3 +67,17 @@ def load_questions(path: str | Path | None, per_category: int | None = None,
     if not questions:
         raise BlockdraftError(f"no questions selected from '{path}'")
     return questions
+
+
+def _sharegpt_questions(n: int | None) -> list[Question]:
+    """First user turns of the held-out ShareGPT split, as single-turn questions (category 'sharegpt')."""
+    from ..data import load_conversations, split_conversations
+
+    _, valid = split_conversations(load_conversations())
+    questions = []
+    for r in valid:
+        turn = r["conversations"][0]
+        text = str(turn.get("value", "")).strip()
+        if turn.get("from") == "human" and 20 <= len(text) <= 4000:
+            questions.append(Question(r["id"], "sharegpt", (text,)))
+    return questions[: n or 20]

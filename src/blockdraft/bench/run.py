@@ -74,7 +74,7 @@ def _messages(question: Question, answers: list[str], turn: int) -> list[dict]:
 def _prompt_ids(target: Target, question: Question, answers: list[str], turn: int) -> list[int]:
     if target.tokenizer is not None and getattr(target.tokenizer, "chat_template", None):
         return target.encode_chat(_messages(question, answers, turn))
-    text = "\n\n".join(t for pair in zip(question.turns[:turn], answers) for t in pair)
+    text = "\n\n".join(t for pair in zip(question.turns[:turn], answers, strict=True) for t in pair)
     return target.encode((text + "\n\n" if text else "") + question.turns[turn], chat_template=False)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ..decoding import SpeculativeDecoder
 from ..errors import BlockdraftError
-from ..methods import METHODS, make_drafter
+from ..methods import METHODS, make_drafter, parse_method
 from ..target import Target
 from ..verify import SamplingParams
 
@@ -83,7 +83,7 @@ class HFRunner:
 def make_runner(name: str, target: Target, params: SamplingParams, acceptor: str | None = None):
     if name in HF_METHODS:
         return HFRunner(name, target, params)
-    if name in METHODS:
+    if parse_method(name)[0] in METHODS:
         return DecoderRunner(name, target, params, acceptor)
     known = ", ".join([*METHODS, *HF_METHODS])
     raise BlockdraftError(f"unknown method '{name}': choose from {known}")

