@@ -63,3 +63,9 @@ def test_eos_and_max_new_tokens_cut_the_output(tiny_target):
     cut = SpeculativeDecoder(tiny_target, PromptLookupDrafter()).generate(prompt, 25)
     first = free.tokens.index(eos)
     assert cut.tokens == free.tokens[: first + 1] and cut.stats.stop_reason == "eos"
+
+
+def test_single_token_prompt():
+    target = _eos_free_target()
+    ref = _hf_greedy(target.model, [5], 12)
+    assert SpeculativeDecoder(target, PromptLookupDrafter(min_ngram=1)).generate([5], 12).tokens == ref

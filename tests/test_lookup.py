@@ -1,6 +1,6 @@
 """Prompt lookup drafter: finds the most recent earlier n-gram, never matches itself, builds tries."""
 
-from blockdraft import DraftContext, PromptLookupDrafter
+from blockdraft import DraftContext, DraftTree, PromptLookupDrafter
 
 
 def ctx(tokens, max_depth=20):
@@ -28,3 +28,22 @@ def test_branches_merge_into_a_trie_and_respect_depth():
     assert tree.parents.tolist() == [-1, 0, 1, 2, 1, 4]
     short = PromptLookupDrafter(max_ngram=2, min_ngram=2, num_tokens=3).propose(ctx(tokens, max_depth=1))
     assert short.tokens.tolist() == [2, 3]
+
+
+def test_min_gain_stops_drafting_matches_that_keep_failing_and_retries_later():
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=2, num_tokens=3, min_gain=0.4)
+    drafter.reset([])
+    tokens = [1, 2, 3, 4, 1, 2]
+    drafted = 0
+    for step in range(12):
+        tree = drafter.propose(ctx(tokens))
+        drafted += len(tree) > 1
+        tokens = tokens + [9 + step, 1, 2]  # the target never takes the draft (3 ...), then "1 2" recurs
+    assert drafter.gain[2] < 0.4
+    assert 3 <= drafted < 12  # drafts until its estimate falls, then only occasional retries
+    # an accepted draft raises the estimate again
+    before = drafter.gain[2]
+    drafter._last = (DraftTree.chain(2, [3, 4, 1]), 3, 2)
+    drafter._learn([1, 2, 2, 3, 4, 1, 7])
+    assert drafter.gain[2] > before + 0.5
+

@@ -22,32 +22,58 @@ class PromptLookupDrafter(Drafter):
     one-token matches are accepted too rarely to pay for it. Tuned on held-out ShareGPT prompts
     (never on Spec-Bench): 1.17x over `ar` with min_ngram=1, 1.36x with 2; max_ngram=4 (1.38x)
     and max_branches=3 (1.40x) are within noise of the default (BENCHMARKS.md).
+
+    `min_gain` > 0 makes drafting cost-aware: the drafter learns, per n-gram length, how many
+    of its draft tokens the target accepted (a running mean, read off the tokens that come
+    back), and stops drafting on matches whose expected gain is below `min_gain` tokens, since
+    such drafts cost more verification time than they save. The estimate drifts back towards
+    its optimistic start while not drafting, so a match length that turns useful is retried.
+    On held-out ShareGPT, min_gain=0.4 took greedy decoding from 1.37x to 1.43x over `ar` and
+    sampling at T=1 from 0.96x to 0.99x (0 switches it off).
     """
 
     name = "lookup"
+    PRIOR, RATE, RECOVERY = 1.0, 0.3, 0.05
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_tokens: int = 10, max_branches: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_tokens: int = 10, max_branches: int = 1,
+                 min_gain: float = 0.4):
         if not 1 <= min_ngram <= max_ngram:
             raise BlockdraftError(f"lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if num_tokens < 1 or max_branches < 1:
             raise BlockdraftError("lookup needs num_tokens >= 1 and max_branches >= 1")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_tokens, self.max_branches = num_tokens, max_branches
+        self.min_gain = min_gain
+        self.reset([])
+
+    def reset(self, prompt_ids, features=None) -> None:
+        self.gain = {n: self.PRIOR for n in range(self.min_ngram, self.max_ngram + 1)}
+        self._last = None  # (tree, length of the context it was drafted for, n-gram length)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]
+        self._learn(ctx.tokens)
         k = min(self.num_tokens, ctx.max_depth)
         if k <= 0:
             return DraftTree.root_only(root)
-        seq = np.asarray(ctx.tokens)
+        n, paths = self._match(np.asarray(ctx.tokens), k)
+        if not paths:
+            return DraftTree.root_only(root)
+        if self.min_gain > 0 and self.gain[n] < self.min_gain:
+            self.gain[n] += self.RECOVERY * (self.PRIOR - self.gain[n])
+            return DraftTree.root_only(root)
+        tree = DraftTree.from_paths(root, paths)
+        self._last = (tree, len(ctx.tokens), n)
+        return tree
+
+    def _match(self, seq: np.ndarray, k: int) -> tuple[int, list[list[int]]]:
+        """The longest n-gram with earlier occurrences, and up to max_branches continuations."""
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(seq) <= n:
                 continue
             # Windows over seq[:-1] so the final n-gram does not match itself.
             windows = sliding_window_view(seq[:-1], n)
             starts = np.flatnonzero((windows == seq[-n:]).all(axis=1))
-            if starts.size == 0:
-                continue
             paths: list[list[int]] = []
             for s in starts[::-1]:  # the most recent occurrence is the best predictor
                 cont = seq[s + n : s + n + k].tolist()
@@ -55,5 +81,20 @@ class PromptLookupDrafter(Drafter):
                     paths.append(cont)
                     if len(paths) == self.max_branches:
                         break
-            return DraftTree.from_paths(root, paths)
-        return DraftTree.root_only(root)
+            if paths:
+                return n, paths
+        return 0, []
+
+    def _learn(self, tokens: list[int]) -> None:
+        """Count how many tokens of the last draft were accepted: walk it with what came back."""
+        if self._last is None:
+            return
+        tree, start, n = self._last
+        self._last = None
+        node, accepted = 0, 0
+        for tok in tokens[start:-1]:  # the final token is the target's bonus, never a draft
+            child = next((c for c in tree.children[node] if int(tree.tokens[c]) == tok), None)
+            if child is None:
+                break
+            node, accepted = child, accepted + 1
+        self.gain[n] += self.RATE * (accepted - self.gain[n])

@@ -139,7 +139,8 @@ class Target:
             output_hidden_states=bool(self.feature_layers),
             **{self._cache_kw: self.cache},
         )
-        return TargetOutput(out.logits[0].float(), self._features(out))
+        # Acceptors run on the CPU (tiny trees, Python control flow); features stay on the device.
+        return TargetOutput(out.logits[0].float().cpu(), self._features(out))
 
     @torch.inference_mode()
     def commit(self, path: list[int]) -> None:
