@@ -69,3 +69,14 @@ def test_single_token_prompt():
     target = _eos_free_target()
     ref = _hf_greedy(target.model, [5], 12)
     assert SpeculativeDecoder(target, PromptLookupDrafter(min_ngram=1)).generate([5], 12).tokens == ref
+
+
+def test_python_api_generate_matches_decoder(tiny_target):
+    import blockdraft
+
+    ids = tiny_target.encode("abc abc ab", chat_template=False)
+    res = blockdraft.generate(ids, method="lookup:max_branches=2", target=tiny_target, max_new_tokens=10)
+    ref = SpeculativeDecoder(tiny_target, NoDrafter()).generate(ids, 10)
+    assert res.tokens == ref.tokens and res.stats.method == "lookup:max_branches=2"
+    with pytest.raises(blockdraft.BlockdraftError, match="temperature"):
+        blockdraft.generate(ids, target=tiny_target, temperature=-1)
