@@ -87,8 +87,7 @@ def cmd_bench(args) -> int:
 
     from .bench import BenchConfig, default_question_file, load_questions, run_bench
     from .bench.report import markdown_table, write_report
-    from .bench.runners import HF_METHODS
-    from .methods import METHODS, parse_method
+    from .bench.runners import check_methods
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.max_new_tokens <= 0:
@@ -97,13 +96,8 @@ def cmd_bench(args) -> int:
         raise BlockdraftError(f"--per-category must be positive, got {args.per_category}")
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
-    # Check the method names before spending seconds on loading the model.
-    unknown = [m for m in methods if parse_method(m)[0] not in METHODS and m not in HF_METHODS]
-    if unknown:
-        raise BlockdraftError(f"unknown method '{unknown[0]}': choose from {', '.join([*METHODS, *HF_METHODS])}")
-    if "ar" not in methods:
-        raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
-    target = load_target(args.target or "smollm2-135m")
+    check_methods(methods)  # before spending seconds on loading the model
+    target = load_target(args.target)
     config = BenchConfig(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed or 0, acceptor=args.acceptor,
@@ -130,7 +124,7 @@ def cmd_generate(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     if args.max_new_tokens <= 0:
         raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    target = load_target(args.target or "smollm2-135m")
+    target = load_target(args.target)
     drafter = make_drafter(args.method, target)
     decoder = SpeculativeDecoder(target, drafter, params, args.acceptor)
     ids = target.encode(prompt, chat_template=not args.no_chat_template)

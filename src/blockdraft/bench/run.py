@@ -16,7 +16,7 @@ from ..target import Target
 from ..verify import SamplingParams
 from .metrics import summarize
 from .questions import Question
-from .runners import make_runner
+from .runners import check_methods, make_runner
 
 
 @dataclass
@@ -83,8 +83,7 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
 
     Ctrl-C stops early and keeps what was measured (marked `interrupted` in the config).
     """
-    if "ar" not in config.methods:
-        raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
+    check_methods(config.methods)
     params = SamplingParams(config.temperature, config.top_k, config.top_p)
     runners = {m: make_runner(m, target, params, config.acceptor) for m in config.methods}
     torch.set_num_threads(config.threads)

@@ -80,6 +80,15 @@ class HFRunner:
         return RunRecord(out[0, len(prompt_ids):].tolist(), dt, self.calls)
 
 
+def check_methods(methods: list[str]) -> None:
+    """Refuse unknown method names, and a run without `ar` (every speedup is measured against it)."""
+    for m in methods:
+        if m not in HF_METHODS and parse_method(m)[0] not in METHODS:
+            raise BlockdraftError(f"unknown method '{m}': choose from {', '.join([*METHODS, *HF_METHODS])}")
+    if "ar" not in methods:
+        raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
+
+
 def make_runner(name: str, target: Target, params: SamplingParams, acceptor: str | None = None):
     if name in HF_METHODS:
         return HFRunner(name, target, params)
