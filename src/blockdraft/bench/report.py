@@ -58,11 +58,14 @@ def markdown_report(results: dict) -> str:
         cells = [f"{m['per_category'][c]['tau']:.2f} / {m['per_category'][c]['speedup']:.2f}x"
                  if c in m["per_category"] else "-" for c in cats]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
-    out += ["", "## Where the time goes", "", "| method | drafting | verifying | accepted drafts per call |",
-            "|---|---|---|---|"]
+    out += ["", "## Where the time goes", "",
+            "| method | drafting | verifying | accepted drafts per call | acceptance rate at depth 1, 2, ... |",
+            "|---|---|---|---|---|"]
     for name, m in methods.items():
         hist = ", ".join(f"{k}: {v}" for k, v in m["accepted_hist"].items()) or "-"
-        out.append(f"| {name} | {_fmt(m['draft_share'], '.1%')} | {_fmt(m['verify_share'], '.1%')} | {hist} |")
+        rates = " ".join(f"{r:.2f}" for r in m.get("acceptance_by_depth", [])) or "-"
+        out.append(f"| {name} | {_fmt(m['draft_share'], '.1%')} | {_fmt(m['verify_share'], '.1%')} | {hist} "
+                   f"| {rates} |")
     mism = [(n, m["first_mismatch"]) for n, m in methods.items() if m["first_mismatch"]]
     if mism:
         out += ["", "## Output mismatches against `ar`", ""]

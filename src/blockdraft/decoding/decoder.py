@@ -58,8 +58,9 @@ class SpeculativeDecoder:
         stats = GenerationStats(method=self.drafter.name)
 
         t_start = time.perf_counter()
-        features = target.prefill(prompt_ids[:-1])
-        self.drafter.reset(prompt_ids, features)
+        target.feature_layers = self.drafter.feature_layers  # hidden states the drafter reads, if any
+        features = target.prefill(prompt_ids[:-1])  # the first propose() receives the prompt's features
+        self.drafter.reset(prompt_ids)
         stats.prefill_s = time.perf_counter() - t_start
 
         tokens, new = list(prompt_ids), []

@@ -2,6 +2,10 @@
 
 from .ar import NoDrafter
 from .base import DraftContext, Drafter
+from .block import BlockDrafter
+from .heads import HeadsDrafter
+from .lattice import DraftLattice
 from .lookup import PromptLookupDrafter
 
-__all__ = ["DraftContext", "Drafter", "NoDrafter", "PromptLookupDrafter"]
+__all__ = ["BlockDrafter", "DraftContext", "DraftLattice", "Drafter", "HeadsDrafter", "NoDrafter",
+           "PromptLookupDrafter"]

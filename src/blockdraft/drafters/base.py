@@ -14,7 +14,9 @@ class DraftContext:
     """What a drafter may look at before a step."""
 
     tokens: list[int]  # prompt + output so far; tokens[-1] is the root, not yet seen by the target
-    features: torch.Tensor | None  # target features of the tokens committed by the last step [m, F]
+    # Target features [m, F] of the tokens committed since the previous propose(): the accepted path of
+    # the last step, or on the first step the prompt minus its last token. None if the drafter reads none.
+    features: torch.Tensor | None
     max_depth: int  # drafts deeper than this would be cut (token budget or context end)
 
 
@@ -28,7 +30,7 @@ class Drafter:
     name = "base"
     feature_layers: tuple[int, ...] = ()
 
-    def reset(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
+    def reset(self, prompt_ids: list[int]) -> None:
         """Called once per generation, after the target's prefill of prompt_ids[:-1]."""
 
     def propose(self, ctx: DraftContext) -> DraftTree:

@@ -46,7 +46,7 @@ class PromptLookupDrafter(Drafter):
         self.min_gain = min_gain
         self.reset([])
 
-    def reset(self, prompt_ids, features=None) -> None:
+    def reset(self, prompt_ids) -> None:
         self.gain = {n: self.PRIOR for n in range(self.min_ngram, self.max_ngram + 1)}
         self._last = None  # (tree, length of the context it was drafted for, n-gram length)
 

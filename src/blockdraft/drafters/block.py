@@ -1,0 +1,234 @@
+"""One-shot block drafter (DFlash-style): a few layers draft gamma-1 tokens in one forward pass.
+
+The drafter reads the target's hidden states of several layers (concatenated, projected and
+RMS-normed: the "context") as extra keys/values in every layer; its queries come only from the
+block [last token, MASK x (gamma-1)], which attends to the whole context and to itself
+(non-causally). Embeddings and LM head are the target's, frozen.
+
+The attention is hand-written (about 30 lines) because no transformers layer takes keys and
+values from a second sequence of features; everything else is plain torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import BlockdraftError
+from ..trees import DraftTree
+from .base import DraftContext, Drafter
+from .checkpoint import load_checkpoint, load_weights, save_checkpoint, target_signature
+from .lattice import DraftLattice
+from .layers import FrozenLMHead
+
+
+@dataclass
+class BlockConfig:
+    hidden_size: int
+    feature_layers: tuple[int, ...]  # target hidden_states indices, concatenated in this order
+    num_layers: int = 2
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    intermediate_size: int = 1536
+    gamma: int = 8  # block size: the last token + gamma-1 drafted positions
+    rope_theta: float = 100000.0
+    rms_eps: float = 1e-5
+    draft_vocab: int = 0  # 0 = the target's full vocabulary
+    training: dict = field(default_factory=dict)  # how the checkpoint was made (for the record)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def for_target(cls, target, feature_layers, **kw) -> "BlockConfig":
+        c = target.config
+        return cls(hidden_size=target.hidden_size, feature_layers=tuple(feature_layers),
+                   num_heads=c.num_attention_heads, num_kv_heads=getattr(c, "num_key_value_heads", None)
+                   or c.num_attention_heads, intermediate_size=c.intermediate_size,
+                   rope_theta=_rope_theta(c), rms_eps=getattr(c, "rms_norm_eps", 1e-5), **kw)
+
+
+def _rope_theta(config) -> float:
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (Llama's rotate-half convention) on x [heads, n, head_dim]."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    ang = pos.float()[:, None] * inv[None]  # [n, d/2]
+    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class BlockLayer(nn.Module):
+    """A Llama decoder layer whose keys/values also cover the projected target context."""
+
+    def __init__(self, c: BlockConfig):
+        super().__init__()
+        h, hd = c.hidden_size, c.head_dim
+        self.c = c
+        self.q_proj = nn.Linear(h, c.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, c.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(h, c.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * hd, h, bias=False)
+        self.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
+        self.input_norm = nn.RMSNorm(h, eps=c.rms_eps)
+        self.post_norm = nn.RMSNorm(h, eps=c.rms_eps)
+
+    def kv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated) and values [kv_heads, n, head_dim] of already-normed states h [n, H]."""
+        c = self.c
+        k = self.k_proj(h).view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        v = self.v_proj(h).view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        return rope(k, pos, c.rope_theta), v
+
+    def forward(self, x, pos, ctx_k, ctx_v, mask=None):
+        c = self.c
+        h = self.input_norm(x)
+        q = rope(self.q_proj(h).view(-1, c.num_heads, c.head_dim).transpose(0, 1), pos, c.rope_theta)
+        k, v = self.kv(h, pos)
+        k, v = torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1)
+        rep = c.num_heads // c.num_kv_heads
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [heads, n, hd]
+        x = x + self.o_proj(a.transpose(0, 1).reshape(x.shape[0], -1))
+        h = self.post_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class BlockModel(nn.Module):
+    """The trainable part of the block drafter (embeddings and LM head stay the target's)."""
+
+    def __init__(self, c: BlockConfig):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(len(c.feature_layers) * c.hidden_size, c.hidden_size, bias=False)
+        self.context_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_eps)
+        self.layers = nn.ModuleList(BlockLayer(c) for _ in range(c.num_layers))
+        self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size))
+
+    def init_from_target(self, target_model) -> None:
+        """Start from the target's last layers and final norm: same shapes, and a far better start than
+        random weights when training time is short. The MASK embedding starts as the mean embedding."""
+        body = target_model.model
+        src_layers = body.layers[-len(self.layers):]
+        with torch.no_grad():
+            for mine, theirs in zip(self.layers, src_layers, strict=True):
+                at, mlp = theirs.self_attn, theirs.mlp
+                for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    getattr(mine, name).weight.copy_(getattr(at, name).weight)
+                for name in ("gate_proj", "up_proj", "down_proj"):
+                    getattr(mine, name).weight.copy_(getattr(mlp, name).weight)
+                mine.input_norm.weight.copy_(theirs.input_layernorm.weight)
+                mine.post_norm.weight.copy_(theirs.post_attention_layernorm.weight)
+            self.norm.weight.copy_(body.norm.weight)
+            self.mask_embedding.copy_(body.embed_tokens.weight.mean(0))
+
+    def context(self, features: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer keys/values of the target context: features [n, len(layers)*H] at positions pos."""
+        h = self.context_norm(self.fc(features))
+        return [layer.kv(h, pos) for layer in self.layers]
+
+    def forward(self, x, pos, ctx_kv, mask=None) -> torch.Tensor:
+        """Block inputs x [n, H] at positions pos -> final-normed hidden states [n, H]."""
+        for layer, (k, v) in zip(self.layers, ctx_kv, strict=True):
+            x = layer(x, pos, k, v, mask)
+        return self.norm(x)
+
+
+class BlockDrafter(Drafter):
+    """Drafts gamma-1 tokens per step with one BlockModel pass; proposes the chain of top-1 tokens."""
+
+    name = "dflash"
+    kind = "block"
+
+    def __init__(self, model: BlockModel, embed: torch.Tensor, lm_head: FrozenLMHead, top_k: int = 8,
+                 depth: int | None = None):
+        self.model = model.eval()
+        self.config = model.config
+        self.embed = embed  # the target's input embedding matrix (frozen, shared)
+        self.lm_head = lm_head
+        self.top_k = top_k
+        # Drafts per step (default gamma-1): a shorter chain is cheaper to verify on slow hardware.
+        self.depth = min(depth or self.config.gamma - 1, self.config.gamma - 1)
+        self.feature_layers = tuple(self.config.feature_layers)
+        self.lattice: DraftLattice | None = None  # the last proposal's lattice, for trees and analysis
+        self.reset([])
+
+    # --- checkpoints -----------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder, target, **kw) -> "BlockDrafter":
+        config, state = load_checkpoint(folder, cls.kind, target)
+        vocab = state.pop("draft_vocab", None)
+        fields = set(BlockConfig.__dataclass_fields__)
+        cfg = BlockConfig(**{k: v for k, v in config.items() if k in fields})
+        cfg.feature_layers = tuple(cfg.feature_layers)
+        model = BlockModel(cfg)
+        load_weights(model, state, folder)
+        return cls.for_target(model, target, vocab, **kw)
+
+    @classmethod
+    def for_target(cls, model: BlockModel, target, vocab: torch.Tensor | None = None, **kw) -> "BlockDrafter":
+        weights = target.model.get_input_embeddings().weight.detach()
+        head = FrozenLMHead(target.model.get_output_embeddings().weight, vocab)
+        return cls(model, weights, head, **kw)
+
+    def save_pretrained(self, folder, target) -> None:
+        state = dict(self.model.state_dict())
+        if self.lm_head.vocab is not None:
+            state["draft_vocab"] = self.lm_head.vocab
+        config = asdict(self.config)
+        config["draft_vocab"] = 0 if self.lm_head.vocab is None else len(self.lm_head.vocab)
+        save_checkpoint(folder, self.kind, config, state, target_signature(target))
+
+    # --- drafting --------------------------------------------------------------------
+    def reset(self, prompt_ids) -> None:
+        self.ctx_kv = [(torch.zeros(self.config.num_kv_heads, 0, self.config.head_dim),) * 2
+                       for _ in range(self.config.num_layers)]
+        self.n_ctx = 0
+
+    @torch.inference_mode()
+    def _append(self, features: torch.Tensor | None) -> None:
+        """Project newly committed target features into the drafter's context cache (accepted tokens only)."""
+        if features is None or len(features) == 0:
+            return
+        f = features.to(self.model.fc.weight.dtype)
+        if f.shape[-1] != self.model.fc.in_features:
+            raise BlockdraftError(f"the block drafter expects {self.model.fc.in_features} feature values per token, "
+                                  f"got {f.shape[-1]}: the target was set up with other feature layers")
+        pos = torch.arange(self.n_ctx, self.n_ctx + len(f))
+        new = self.model.context(f, pos)
+        self.ctx_kv = [(torch.cat([k0, k1], 1), torch.cat([v0, v1], 1))
+                       for (k0, v0), (k1, v1) in zip(self.ctx_kv, new, strict=True)]
+        self.n_ctx += len(f)
+
+    @torch.inference_mode()
+    def draft_lattice(self, root: int) -> DraftLattice:
+        g = self.config.gamma
+        x = torch.cat([self.embed[root][None], self.model.mask_embedding[None].expand(g - 1, -1)]).to(
+            self.model.fc.weight.dtype)
+        pos = torch.arange(self.n_ctx, self.n_ctx + g)
+        h = self.model(x, pos, self.ctx_kv)
+        return DraftLattice.from_logits(self.lm_head(h[1:]), self.top_k, self.lm_head.vocab)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        self._append(ctx.features)
+        if self.n_ctx != len(ctx.tokens) - 1:  # e.g. a one-token prompt: no context yet
+            raise BlockdraftError(f"block drafter context out of step: {self.n_ctx} features for "
+                                  f"{len(ctx.tokens) - 1} committed tokens")
+        root = ctx.tokens[-1]
+        depth = min(self.depth, ctx.max_depth)
+        if depth <= 0:
+            return DraftTree.root_only(root)
+        self.lattice = self.draft_lattice(root)
+        return DraftTree.chain(root, self.lattice.best()[:depth])

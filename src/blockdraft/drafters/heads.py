@@ -1,0 +1,92 @@
+"""Blockwise parallel decoding heads (Stern et al. 2018; Kim et al. 2024): k FFN heads on the target's last state.
+
+Head i reads h_t, the target's final (normed) hidden state at the last committed token, and
+predicts the token i+1 places ahead (the target itself already gave the next one: the root).
+h_t comes out of the verification pass that just ran, so drafting needs no extra target call:
+verify of step t and predict of step t+1 are merged, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import BlockdraftError
+from ..trees import DraftTree
+from .base import DraftContext, Drafter
+from .checkpoint import load_checkpoint, load_weights, save_checkpoint, target_signature
+from .lattice import DraftLattice
+from .layers import FrozenLMHead, ResidualFFN
+
+
+@dataclass
+class HeadsConfig:
+    hidden_size: int
+    feature_layer: int  # the target's hidden_states index of the final normed state (= num_layers)
+    num_heads: int = 4
+    inner_size: int = 1152  # the FFN's one hidden layer
+    draft_vocab: int = 0  # 0 = the target's full vocabulary
+    training: dict = field(default_factory=dict)
+
+
+class HeadsModel(nn.Module):
+    """num_heads residual FFNs; head i maps h_t to a state the (frozen) LM head reads as token t+2+i."""
+
+    def __init__(self, c: HeadsConfig):
+        super().__init__()
+        if not 1 <= c.num_heads <= 16:
+            raise BlockdraftError(f"BPD needs 1..16 heads, got {c.num_heads}")
+        self.config = c
+        self.heads = nn.ModuleList(ResidualFFN(c.hidden_size, c.inner_size) for _ in range(c.num_heads))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., H] -> [..., num_heads, H]."""
+        return torch.stack([head(h) for head in self.heads], dim=-2)
+
+
+class HeadsDrafter(Drafter):
+    """Chain drafter: the top-1 token of every head (the lattice keeps the top-k for refiners)."""
+
+    name = "bpd"
+    kind = "heads"
+
+    def __init__(self, model: HeadsModel, lm_head: FrozenLMHead, top_k: int = 8, num_heads: int | None = None):
+        self.model = model.eval()
+        self.config = model.config
+        self.lm_head = lm_head
+        self.top_k = top_k
+        self.num_heads = min(num_heads or self.config.num_heads, self.config.num_heads)
+        self.feature_layers = (self.config.feature_layer,)
+        self.lattice: DraftLattice | None = None
+
+    @classmethod
+    def from_pretrained(cls, folder, target, **kw) -> "HeadsDrafter":
+        config, state = load_checkpoint(folder, cls.kind, target)
+        vocab = state.pop("draft_vocab", None)
+        cfg = HeadsConfig(**{k: v for k, v in config.items() if k in HeadsConfig.__dataclass_fields__})
+        model = HeadsModel(cfg)
+        load_weights(model, state, folder)
+        return cls(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab), **kw)
+
+    def save_pretrained(self, folder, target) -> None:
+        state = dict(self.model.state_dict())
+        if self.lm_head.vocab is not None:
+            state["draft_vocab"] = self.lm_head.vocab
+        config = asdict(self.config)
+        config["draft_vocab"] = 0 if self.lm_head.vocab is None else len(self.lm_head.vocab)
+        save_checkpoint(folder, self.kind, config, state, target_signature(target))
+
+    @torch.inference_mode()
+    def draft_lattice(self, h: torch.Tensor) -> DraftLattice:
+        states = self.model(h.to(self.lm_head.weight.dtype))[: self.num_heads]
+        return DraftLattice.from_logits(self.lm_head(states), self.top_k, self.lm_head.vocab)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        root = ctx.tokens[-1]
+        depth = min(self.num_heads, ctx.max_depth)
+        if ctx.features is None or len(ctx.features) == 0 or depth <= 0:
+            return DraftTree.root_only(root)  # a one-token prompt: no target state to read yet
+        self.lattice = self.draft_lattice(ctx.features[-1])
+        return DraftTree.chain(root, self.lattice.best()[:depth])

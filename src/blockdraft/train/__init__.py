@@ -1,0 +1,1 @@
+"""Drafter training: target feature store, losses, training loops."""

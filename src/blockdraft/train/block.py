@@ -1,0 +1,138 @@
+"""Training the one-shot block drafter: many anchor blocks per sequence in one pass, distilled from the target."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..drafters.block import BlockConfig, BlockDrafter, BlockModel
+from ..drafters.layers import FrozenLMHead
+from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary
+from .features import FeatureStore
+
+
+@dataclass
+class BlockTrainConfig:
+    num_layers: int = 2
+    gamma: int = 8
+    draft_vocab: int = 8192
+    epochs: float = 1.0
+    lr: float = 6e-4
+    anchors_per_seq: int = 48
+    seqs_per_step: int = 4
+    max_minutes: float = 0.0
+    init_from_target: bool = True
+    seed: int = 0
+
+
+def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: int, anchors: np.ndarray):
+    """Inputs for all anchor blocks of one sequence [a, b): features, block tokens/positions, mask, teachers.
+
+    Block i starts at anchor p_i (the "last accepted token"): it sees target features of positions
+    < p_i, its own gamma positions (non-causally), and nothing of the other blocks. Its position j
+    (1..gamma-1) is trained towards the target's distribution at p_i + j - 1, i.e. for token p_i + j.
+    """
+    t = b - a
+    feats = torch.from_numpy(np.asarray(store.features[a:b][:, cols], dtype=np.float32))
+    n_blk = len(anchors) * gamma
+    pos = torch.from_numpy(anchors)[:, None] + torch.arange(gamma)[None]  # [A, g]
+    allowed = torch.zeros(n_blk, t + n_blk, dtype=torch.bool)
+    allowed[:, :t] = torch.arange(t)[None] < torch.from_numpy(anchors).repeat_interleave(gamma)[:, None]
+    blk = torch.arange(n_blk) // gamma
+    allowed[:, t:] = blk[:, None] == blk[None]
+    rows = (anchors[:, None] + np.arange(gamma - 1)[None]).clip(max=t - 1)  # teacher rows, within the sequence
+    valid = (anchors[:, None] + np.arange(gamma - 1)[None] < t) & (np.asarray(store.assistant[a:b])[rows] == 1)
+    roots = torch.from_numpy(np.asarray(store.tokens[a:b])[anchors].astype(np.int64))
+    return feats, roots, pos, allowed, rows + a, torch.from_numpy(valid)
+
+
+def block_forward(model: BlockModel, embed: torch.Tensor, lm_head: FrozenLMHead, feats, roots, pos, allowed):
+    """Logits [A, gamma-1, V'] of every anchor block of one sequence."""
+    g = pos.shape[1]
+    x = torch.cat([embed[roots][:, None], model.mask_embedding[None, None].expand(len(roots), g - 1, -1)], 1)
+    ctx = model.context(feats, torch.arange(len(feats)))
+    h = model(x.reshape(-1, x.shape[-1]), pos.reshape(-1), ctx, allowed)
+    return lm_head(h.view(len(roots), g, -1)[:, 1:])
+
+
+def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    cand = np.nonzero(np.asarray(store.assistant[a : b - 1]))[0]
+    if len(cand) == 0:
+        return cand
+    return np.sort(rng.choice(cand, size=min(k, len(cand)), replace=False))
+
+
+def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BlockTrainConfig,
+                resume: bool = False) -> BlockDrafter:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    layers = tuple(store.layers[:-1])  # all stored layers except the final normed one
+    model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma)
+    model = BlockModel(model_cfg)
+    if cfg.init_from_target:
+        model.init_from_target(target.model)
+    vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
+    drafter = BlockDrafter.for_target(model, target, vocab)
+    t2d = drafter.lm_head.target_to_draft(target.vocab_size)
+    cols = store.layer_slice(layers)
+    weights = depth_weights(cfg.gamma - 1, cfg.gamma)
+    seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
+    steps = int(cfg.epochs * len(seqs) / cfg.seqs_per_step)
+    evaluate = (lambda: evaluate_block(drafter, valid, cols, max_seqs=40)) if valid is not None else None
+    trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="block drafter",
+                      evaluate=evaluate)
+    anchors_seen = 0
+    model.train()
+    t0 = time.time()
+    going = trainer.step_no < steps
+    while going:
+        order = rng.permutation(len(seqs))
+        for i in range(0, len(order) - cfg.seqs_per_step + 1, cfg.seqs_per_step):
+            total = 0.0
+            for j in order[i : i + cfg.seqs_per_step]:
+                a, b = seqs[j]
+                anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
+                if len(anchors) == 0:
+                    continue
+                feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, cfg.gamma, anchors)
+                logits = block_forward(model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
+                teacher = Teacher.gather(store, rows, t2d)
+                total = total + distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
+                anchors_seen += len(anchors)
+            going = trainer.step(total, anchors_seen=anchors_seen)
+            if not going:
+                break
+    trainer.close()
+    model.eval()
+    model_cfg.training = {"command_config": vars(cfg), "minutes": round(trainer.budget.spent / 60, 1),
+                          "steps": trainer.step_no, "train_tokens": store.meta["n_tokens"],
+                          "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
+    if valid is not None:
+        metrics = evaluate_block(drafter, valid, cols)
+        model_cfg.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],
+                                  valid_tau_tf=round(metrics.tau, 3))
+        print(metrics.summary())
+    drafter.save_pretrained(out, target)
+    return drafter
+
+
+@torch.inference_mode()
+def evaluate_block(drafter: BlockDrafter, store: FeatureStore, cols: np.ndarray, anchors_per_seq: int = 16,
+                   seed: int = 1, max_seqs: int | None = None) -> DraftMetrics:
+    """Teacher-forced agreement with the target on a held-out store (fixed anchors, so runs compare)."""
+    rng = np.random.default_rng(seed)
+    metrics = DraftMetrics()
+    g = drafter.config.gamma
+    for a, b in list(store.sequences())[:max_seqs]:
+        anchors = pick_anchors(store, a, b, anchors_per_seq, rng)
+        if len(anchors) == 0:
+            continue
+        feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors)
+        logits = block_forward(drafter.model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
+        draft = drafter.lm_head.to_target_ids(logits.argmax(-1))
+        teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
+        metrics.add(draft, teacher_top1.view(rows.shape), ok)
+    return metrics

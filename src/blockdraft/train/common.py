@@ -1,0 +1,229 @@
+"""What every drafter's training shares: teacher targets, the distillation loss, the loop, validation metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..drafters.layers import frequent_tokens
+from .features import FeatureStore
+
+
+def draft_vocabulary(store: FeatureStore, size: int, always: list[int]) -> torch.Tensor | None:
+    """The `size` target tokens that are most often the next reply token or the teacher's top-1."""
+    if size <= 0 or size >= store.meta["vocab_size"]:
+        return None
+    v = store.meta["vocab_size"]
+    mask = np.asarray(store.assistant, dtype=bool)
+    counts = np.bincount(np.asarray(store.topk_ids[:, 0])[mask], minlength=v)
+    counts += np.bincount(np.asarray(store.tokens[1:])[mask[:-1]], minlength=v)
+    return frequent_tokens(torch.from_numpy(counts), size, always)
+
+
+@dataclass
+class Teacher:
+    """Soft targets in draft-vocabulary ids: ids [..., K] (-1: outside the draft vocabulary), probs [..., K]."""
+
+    ids: torch.Tensor
+    probs: torch.Tensor
+    top1: torch.Tensor  # [...] the teacher's most likely token, in *target* ids (for accuracy)
+
+    @classmethod
+    def gather(cls, store: FeatureStore, rows: np.ndarray, target_to_draft: torch.Tensor) -> "Teacher":
+        ids = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1)], dtype=np.int64))
+        logp = torch.from_numpy(np.asarray(store.topk_logp[rows.reshape(-1)], dtype=np.float32))
+        d = target_to_draft[ids]
+        p = logp.exp() * (d >= 0)
+        p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)  # the teacher's top-K, renormalised over the draft vocabulary
+        shape = (*rows.shape, ids.shape[-1])
+        return cls(d.view(shape), p.view(shape), ids[:, 0].view(rows.shape))
+
+
+def distill_loss(logits: torch.Tensor, teacher: Teacher, weight: torch.Tensor) -> torch.Tensor:
+    """Forward KL to the teacher's (top-K) distribution, up to a constant: -sum_j p_j log q(j).
+
+    logits [..., V'], teacher [..., K], weight [...] (0 where there is no target). Returns the weighted mean.
+    """
+    logq = torch.log_softmax(logits.float(), -1)
+    picked = logq.gather(-1, teacher.ids.clamp_min(0))
+    per_row = -(teacher.probs * picked).sum(-1)
+    return (per_row * weight).sum() / weight.sum().clamp_min(1e-9)
+
+
+def depth_weights(depth: int, decay: float) -> torch.Tensor:
+    """w_k = exp(-(k-1)/decay): early drafts matter most, since a miss there ends the accepted run."""
+    return torch.exp(-torch.arange(depth, dtype=torch.float32) / decay)
+
+
+@dataclass
+class DraftMetrics:
+    """Teacher-forced draft quality: top-1 agreement with the target per depth, and the chain's tau.
+
+    tau_tf = 1 + E[length of the run of depths whose draft equals the target's argmax]: the tau a
+    chain would reach if the text so far were the target's own (an estimate, not a decoding run).
+    """
+
+    correct: list[float] = field(default_factory=list)
+    counted: list[float] = field(default_factory=list)
+    run_sum: float = 0.0
+    n_anchors: int = 0
+
+    def add(self, draft_top1: torch.Tensor, teacher_top1: torch.Tensor, valid: torch.Tensor) -> None:
+        """[A, D] tensors: the drafted token, the target's argmax, and whether a teacher exists there."""
+        hit = (draft_top1 == teacher_top1) & valid
+        depth = hit.shape[1]
+        if not self.correct:
+            self.correct, self.counted = [0.0] * depth, [0.0] * depth
+        for d in range(depth):
+            self.correct[d] += float(hit[:, d].sum())
+            self.counted[d] += float(valid[:, d].sum())
+        full = valid.all(1)  # anchors whose whole block has teachers
+        self.run_sum += float(hit[full].long().cumprod(1).sum())
+        self.n_anchors += int(full.sum())
+
+    @property
+    def accuracy(self) -> list[float]:
+        return [c / max(n, 1) for c, n in zip(self.correct, self.counted, strict=True)]
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.run_sum / max(self.n_anchors, 1)
+
+    def summary(self) -> str:
+        acc = " ".join(f"{a:.3f}" for a in self.accuracy)
+        return f"top-1 agreement per depth: {acc}\nteacher-forced chain tau: {self.tau:.3f} ({self.n_anchors} blocks)"
+
+
+class TrainLog:
+    """Appends one JSON line per event to OUT/train_log.jsonl (loss curve, validation, timing)."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / "train_log.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, **record) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class Budget:
+    """Stops training after `max_minutes` (0: no limit), counted across resumed runs."""
+
+    def __init__(self, max_minutes: float, spent_s: float = 0.0):
+        self.limit = max_minutes * 60 if max_minutes else float("inf")
+        self.start = time.time() - spent_s
+
+    @property
+    def spent(self) -> float:
+        return time.time() - self.start
+
+    def over(self) -> bool:
+        return self.spent >= self.limit
+
+
+def progress(total: int, initial: int, desc: str) -> tqdm:
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", smoothing=0.05, dynamic_ncols=True)
+
+
+class Trainer:
+    """AdamW + warmup/cosine schedule + progress bar + time budget + periodic, resumable checkpoints.
+
+    The schedule follows whichever runs out first, steps or minutes, so a time-boxed run still
+    ends with a decayed learning rate. Optimizer state is kept as safetensors (never pickle).
+    """
+
+    def __init__(self, model: torch.nn.Module, out, lr: float, total_steps: int, max_minutes: float = 0.0,
+                 save_every_minutes: float = 10.0, resume: bool = False, desc: str = "train",
+                 evaluate=None, eval_every_minutes: float = 8.0):
+        from safetensors.torch import load_file
+
+        self.model, self.out, self.peak_lr, self.total = model, Path(out), lr, max(1, total_steps)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.step_no, spent = 0, 0.0
+        self.state_dir = self.out / "resume"
+        if resume and (self.state_dir / "state.json").is_file():
+            state = json.loads((self.state_dir / "state.json").read_text())
+            self.step_no, spent = state["step"], state["spent_s"]
+            model.load_state_dict(load_file(str(self.state_dir / "model.safetensors")))
+            opt = load_file(str(self.state_dir / "optimizer.safetensors"))
+            for i, p in enumerate(self.params):
+                self.opt.state[p] = {"step": opt[f"{i}.step"], "exp_avg": opt[f"{i}.exp_avg"],
+                                     "exp_avg_sq": opt[f"{i}.exp_avg_sq"]}
+        self.budget = Budget(max_minutes, spent)
+        self.save_every = save_every_minutes * 60
+        self.last_save = time.time()
+        self.bar = progress(self.total, self.step_no, desc)
+        self.log = TrainLog(self.out)
+        self.ema = None
+        # evaluate() -> DraftMetrics on a held-out sample, logged every few minutes: the curve of
+        # draft quality against training steps shows whether a longer run would pay off.
+        self.evaluate, self.eval_every, self.last_eval = evaluate, eval_every_minutes * 60, time.time()
+
+    @property
+    def fraction(self) -> float:
+        by_time = self.budget.spent / self.budget.limit if math.isfinite(self.budget.limit) else 0.0
+        return max(self.step_no / self.total, by_time)
+
+    def step(self, loss: torch.Tensor, **extra) -> bool:
+        """One optimizer step on `loss`. Returns False when the run should stop (steps or time used up)."""
+        frac = self.fraction
+        lr = self.peak_lr * (min(1.0, (self.step_no + 1) / 30)) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.step_no += 1
+        value = float(loss.detach())
+        self.ema = value if self.ema is None else 0.9 * self.ema + 0.1 * value
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{self.ema:.3f}", lr=f"{lr:.1e}")
+        if self.step_no % 10 == 0:
+            self.log.write(step=self.step_no, loss=round(self.ema, 4), lr=lr, minutes=round(self.budget.spent / 60, 2),
+                           **extra)
+        if time.time() - self.last_save > self.save_every:
+            self.save_state()
+        if self.evaluate is not None and time.time() - self.last_eval > self.eval_every:
+            self.log_validation(**extra)
+        return self.step_no < self.total and not self.budget.over()
+
+    def log_validation(self, **extra) -> DraftMetrics:
+        self.model.eval()
+        metrics = self.evaluate()
+        self.model.train()
+        self.log.write(step=self.step_no, minutes=round(self.budget.spent / 60, 2), valid_tau_tf=round(metrics.tau, 4),
+                       valid_accuracy=[round(a, 4) for a in metrics.accuracy], **extra)
+        self.bar.write(f"step {self.step_no}: validation tau_tf {metrics.tau:.3f}, top-1 per depth "
+                       + " ".join(f"{a:.2f}" for a in metrics.accuracy))
+        self.last_eval = time.time()
+        return metrics
+
+    def save_state(self) -> None:
+        from safetensors.torch import save_file
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.model.state_dict().items()},
+                  str(self.state_dir / "model.safetensors"))
+        opt = {}
+        for i, p in enumerate(self.params):
+            st = self.opt.state.get(p)
+            if st:
+                opt.update({f"{i}.step": torch.as_tensor(st["step"]).reshape(()).float(),
+                            f"{i}.exp_avg": st["exp_avg"], f"{i}.exp_avg_sq": st["exp_avg_sq"]})
+        if opt:
+            save_file(opt, str(self.state_dir / "optimizer.safetensors"))
+        (self.state_dir / "state.json").write_text(json.dumps({"step": self.step_no, "spent_s": self.budget.spent}))
+        self.last_save = time.time()
+
+    def close(self) -> None:
+        self.bar.close()
+        self.save_state()

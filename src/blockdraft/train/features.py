@@ -1,0 +1,213 @@
+"""Feature store: run the target once over ShareGPT and keep what drafter training reads.
+
+Training a drafter needs, for every training token, the target's hidden states (the drafter's
+input) and the target's next-token distribution (the teacher). Computing them costs one target
+forward per token (~450 tokens/s for SmolLM2-135M on 2 CPU cores), far more than a drafter's
+training step, so we compute them once and train every drafter, for as many epochs as we like,
+from memory-mapped numpy arrays (plain .npy: no pickle).
+
+Layout of a store folder:
+    meta.json            target name/vocab/hidden size, feature layers, token count, top-k
+    tokens.npy           int32 [N]      the token ids, conversations back to back
+    starts.npy           int64 [S+1]    where each conversation starts in `tokens`
+    assistant.npy        uint8 [N]      1 where the *next* token belongs to an assistant reply
+    features.npy         float16 [N, len(layers) * hidden]   hidden_states[layer] concatenated
+    topk_ids.npy         int32 [N, K]   the teacher's K most likely next tokens ...
+    topk_logp.npy        float16 [N, K] ... and their log-probabilities (full-vocabulary softmax);
+                                        reply positions only (elsewhere -1e4)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..errors import BlockdraftError
+
+ASSISTANT_HEADER = "<|im_start|>assistant\n"
+
+
+def default_feature_layers(num_layers: int, n: int = 5) -> tuple[int, ...]:
+    """DFlash's choice: n layers evenly spaced from layer 1 to L-3, plus the final (normed) layer L.
+
+    hidden_states[L] is the normed output the LM head reads: what BPD heads use.
+    """
+    spaced = np.linspace(1, max(1, num_layers - 3), n).round().astype(int).tolist()
+    return tuple(sorted(set(spaced))) + (num_layers,)
+
+
+def conversation_ids(tokenizer, record: dict, max_len: int) -> tuple[list[int], list[int]] | None:
+    """Chat-template token ids of one ShareGPT record, and the assistant mask (next token is a reply)."""
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant"}
+    messages = []
+    for turn in record["conversations"]:
+        role = roles.get(turn.get("from"))
+        text = str(turn.get("value", "")).strip()
+        if role is None or not text:
+            continue
+        if messages and messages[-1]["role"] == role:
+            break  # malformed alternation: keep the clean prefix
+        messages.append({"role": role, "content": text})
+    if len(messages) < 2 or messages[0]["role"] != "user":
+        return None
+    if not getattr(tokenizer, "chat_template", None):
+        return _plain_conversation_ids(tokenizer, messages, max_len)
+    out = tokenizer.apply_chat_template(messages, tokenize=True)
+    ids = list(out["input_ids"] if hasattr(out, "keys") else out)[:max_len]
+    header = tokenizer.encode(ASSISTANT_HEADER, add_special_tokens=False)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    mask, inside, i = [0] * len(ids), False, 0
+    while i < len(ids):
+        if not inside and ids[i : i + len(header)] == header:
+            inside, i = True, i + len(header)
+            continue
+        if inside:
+            mask[i - 1] = 1  # position i-1 predicts token i, a reply token
+            inside = ids[i] != end
+        i += 1
+    return (ids, mask) if any(mask) else None
+
+
+def _plain_conversation_ids(tokenizer, messages, max_len):
+    """Tokenizers without a chat template (tiny test models): messages back to back, replies masked."""
+    ids, mask = [], []
+    for m in messages:
+        part = tokenizer(m["content"] + "\n", add_special_tokens=False)["input_ids"]
+        ids += part
+        mask += [int(m["role"] == "assistant")] * len(part)
+    mask = mask[1:] + [0]  # position i is trained when token i+1 is a reply token
+    return (ids[:max_len], mask[:max_len]) if any(mask[:max_len]) else None
+
+
+@dataclass
+class FeatureStore:
+    """Read-only view of a store folder (memory-mapped)."""
+
+    path: Path
+    meta: dict
+    tokens: np.ndarray
+    starts: np.ndarray
+    assistant: np.ndarray
+    features: np.ndarray
+    topk_ids: np.ndarray
+    topk_logp: np.ndarray
+
+    @classmethod
+    def open(cls, path) -> "FeatureStore":
+        path = Path(path)
+        if not (path / "meta.json").is_file():
+            raise BlockdraftError(f"'{path}' is not a feature store (no meta.json)")
+        meta = json.loads((path / "meta.json").read_text())
+        n, s = meta["n_tokens"], meta["n_seqs"]
+
+        def load(name):
+            return np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+
+        return cls(path, meta, load("tokens")[:n], load("starts")[: s + 1], load("assistant")[:n],
+                   load("features")[:n], load("topk_ids")[:n], load("topk_logp")[:n])
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.meta["layers"])
+
+    def layer_slice(self, layers: tuple[int, ...]) -> np.ndarray:
+        """Column indices of `features` that hold the given layers, in order."""
+        h = self.meta["hidden_size"]
+        missing = [lay for lay in layers if lay not in self.layers]
+        if missing:
+            raise BlockdraftError(f"feature store {self.path} lacks target layers {missing} (has {self.layers})")
+        return np.concatenate([np.arange(h) + h * self.layers.index(lay) for lay in layers])
+
+    def sequences(self):
+        for a, b in zip(self.starts[:-1], self.starts[1:], strict=True):
+            yield int(a), int(b)
+
+
+@torch.inference_mode()
+def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, top_k: int = 32,
+                layers: tuple[int, ...] | None = None, seed: int = 0) -> FeatureStore:
+    """Run `target` over conversations until `max_tokens` tokens are stored. Resumable: meta.json is
+    rewritten every few conversations and a rerun continues after the last stored one."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    layers = tuple(layers or default_feature_layers(target.num_layers))
+    h = target.hidden_size
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    if meta is not None and (meta["target"], tuple(meta["layers"])) != (target.name, layers):
+        raise BlockdraftError(f"{out} holds features of another target or layers; choose another --store folder")
+    capacity = max(max_tokens, meta["capacity"] if meta else 0)
+    if meta is not None and meta["capacity"] < max_tokens:
+        raise BlockdraftError(f"{out} was created for {meta['capacity']} tokens; use a new folder for more")
+
+    def array(name, dtype, shape):
+        p = out / f"{name}.npy"
+        if p.is_file():
+            return np.load(p, mmap_mode="r+", allow_pickle=False)
+        return np.lib.format.open_memmap(p, mode="w+", dtype=dtype, shape=shape)
+
+    tokens = array("tokens", np.int32, (capacity,))
+    assistant = array("assistant", np.uint8, (capacity,))
+    feats = array("features", np.float16, (capacity, len(layers) * h))
+    topk_ids = array("topk_ids", np.int32, (capacity, top_k))
+    topk_logp = array("topk_logp", np.float16, (capacity, top_k))
+    starts = array("starts", np.int64, (len(records) + 1,))
+    meta = meta or {"target": target.name, "vocab_size": target.vocab_size, "hidden_size": h, "layers": list(layers),
+                    "top_k": top_k, "max_len": max_len, "capacity": capacity, "n_tokens": 0, "n_seqs": 0,
+                    "next_record": 0, "seed": seed}
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n, s = meta["n_tokens"], meta["n_seqs"]
+    bar = tqdm(total=max_tokens, initial=n, unit="tok", desc="target features", smoothing=0.05)
+    t_save = time.time()
+    for k in range(meta["next_record"], len(order)):
+        conv = conversation_ids(target.tokenizer, records[order[k]], max_len)
+        if conv is None:
+            continue
+        ids, mask = conv
+        m = min(len(ids), max_tokens - n)
+        if m < 16:
+            break
+        ids, mask = ids[:m], mask[:m]
+        hs = target.model.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False).hidden_states
+        feats[n : n + m] = torch.cat([hs[i][0] for i in layers], dim=-1).to(torch.float16).numpy()
+        # The teacher is only needed where drafts are trained (reply positions): the LM head over the
+        # full vocabulary is a third of the forward's cost, so skip it elsewhere.
+        rows = torch.tensor(mask, dtype=torch.bool)
+        logp = torch.log_softmax(target.model.lm_head(hs[-1][0][rows]).float(), dim=-1)
+        top = logp.topk(top_k, dim=-1)
+        ids_k = torch.zeros(m, top_k, dtype=torch.int32)
+        logp_k = torch.full((m, top_k), -1e4, dtype=torch.float16)
+        ids_k[rows], logp_k[rows] = top.indices.int(), top.values.to(torch.float16)
+        topk_ids[n : n + m] = ids_k.numpy()
+        topk_logp[n : n + m] = logp_k.numpy()
+        tokens[n : n + m] = ids
+        assistant[n : n + m] = mask
+        starts[s] = n
+        n, s = n + m, s + 1
+        starts[s] = n
+        bar.update(m)
+        meta.update(n_tokens=n, n_seqs=s, next_record=k + 1)
+        if time.time() - t_save > 30 or n >= max_tokens:
+            _flush(meta_path, meta, (tokens, assistant, feats, topk_ids, topk_logp, starts))
+            t_save = time.time()
+        if n >= max_tokens:
+            break
+    bar.close()
+    _flush(meta_path, meta, (tokens, assistant, feats, topk_ids, topk_logp, starts))
+    return FeatureStore.open(out)
+
+
+def _flush(meta_path: Path, meta: dict, arrays) -> None:
+    for a in arrays:
+        a.flush()
+    tmp = meta_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(meta_path)

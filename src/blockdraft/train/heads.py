@@ -1,0 +1,116 @@
+"""Training BPD heads: each head learns the target's distribution i+1 tokens ahead from one hidden state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..drafters.heads import HeadsConfig, HeadsDrafter, HeadsModel
+from ..drafters.layers import FrozenLMHead
+from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary
+from .features import FeatureStore
+
+
+@dataclass
+class HeadsTrainConfig:
+    num_heads: int = 4
+    inner_size: int = 1152
+    draft_vocab: int = 8192
+    epochs: float = 2.0
+    lr: float = 1e-3
+    batch: int = 256
+    max_minutes: float = 0.0
+    seed: int = 0
+
+
+class HeadPositions:
+    """Positions p whose state h_p trains the heads: head i's teacher is the target's distribution at p+i,
+    which must lie in the same conversation and in a reply."""
+
+    def __init__(self, store: FeatureStore, num_heads: int):
+        self.store, self.k = store, num_heads
+        starts = np.asarray(store.starts)
+        n = len(store.tokens)
+        self.assistant = np.asarray(store.assistant, dtype=bool)
+        self.end = starts[np.searchsorted(starts, np.arange(n), side="right")]  # end of each position's sequence
+        nxt = np.zeros(n, dtype=bool)
+        nxt[:-1] = self.assistant[1:]
+        self.candidates = np.nonzero(nxt & (np.arange(n) + 1 < self.end))[0]
+
+    def batch(self, p: np.ndarray):
+        """(rows [B, k] of teacher positions, valid [B, k])."""
+        rows = p[:, None] + np.arange(1, self.k + 1)[None]
+        inside = rows < self.end[p][:, None]
+        rows = np.where(inside, rows, p[:, None])
+        return rows, torch.from_numpy(inside & self.assistant[rows])
+
+
+def heads_forward(model: HeadsModel, lm_head: FrozenLMHead, store: FeatureStore, col: np.ndarray, p: np.ndarray):
+    h = torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32))
+    return lm_head(model(h))  # [B, k, V']
+
+
+def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: HeadsTrainConfig,
+                resume: bool = False) -> HeadsDrafter:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    final = store.layers[-1]
+    model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size))
+    vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
+    drafter = HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab))
+    t2d = drafter.lm_head.target_to_draft(target.vocab_size)
+    col = store.layer_slice((final,))
+    positions = HeadPositions(store, cfg.num_heads)
+    weights = depth_weights(cfg.num_heads, cfg.num_heads)
+    steps = int(cfg.epochs * len(positions.candidates) / cfg.batch)
+    evaluate = (lambda: evaluate_heads(drafter, valid, limit=4096)) if valid is not None else None
+    trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="BPD heads", evaluate=evaluate)
+    model.train()
+    t0 = time.time()
+    going = trainer.step_no < steps
+    while going:
+        order = rng.permutation(positions.candidates)
+        for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
+            p = np.sort(order[i : i + cfg.batch])
+            rows, ok = positions.batch(p)
+            logits = heads_forward(model, drafter.lm_head, store, col, p)
+            loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
+            going = trainer.step(loss, positions_seen=(trainer.step_no + 1) * cfg.batch)
+            if not going:
+                break
+    trainer.close()
+    model.eval()
+    model.config.training = {"command_config": vars(cfg), "minutes": round(trainer.budget.spent / 60, 1),
+                             "steps": trainer.step_no, "train_tokens": store.meta["n_tokens"],
+                             "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
+    if valid is not None:
+        metrics = evaluate_heads(drafter, valid)
+        model.config.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],
+                                     valid_tau_tf=round(metrics.tau, 3))
+        print(metrics.summary())
+    drafter.save_pretrained(out, target)
+    return drafter
+
+
+@torch.inference_mode()
+def evaluate_heads(drafter: HeadsDrafter, store: FeatureStore, batch: int = 1024, limit: int | None = None
+                   ) -> DraftMetrics:
+    """Teacher-forced agreement of every head with the target on a held-out store (all positions, or an
+    evenly spaced sample of `limit`)."""
+    positions = HeadPositions(store, drafter.config.num_heads)
+    col = store.layer_slice((drafter.config.feature_layer,))
+    cand = positions.candidates
+    if limit and len(cand) > limit:
+        cand = cand[np.linspace(0, len(cand) - 1, limit).astype(int)]
+    metrics = DraftMetrics()
+    for i in range(0, len(cand), batch):
+        p = cand[i : i + batch]
+        rows, ok = positions.batch(p)
+        logits = heads_forward(drafter.model, drafter.lm_head, store, col, p)
+        draft = drafter.lm_head.to_target_ids(logits.argmax(-1))
+        teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
+        metrics.add(draft, teacher_top1.view(rows.shape), ok)
+    return metrics

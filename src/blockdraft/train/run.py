@@ -1,0 +1,61 @@
+"""`blockdraft train`: build (or reuse) the target's feature stores, then train one drafter."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ..data.sharegpt import load_conversations, sharegpt_path, split_conversations
+from ..errors import BlockdraftError
+from ..target.loading import cache_dir
+from .block import BlockTrainConfig, train_block
+from .features import build_store
+from .heads import HeadsTrainConfig, train_heads
+
+DRAFTERS = ("heads", "block")
+
+
+def store_folder(target, data: str, split: str, max_tokens: int) -> Path:
+    """Where a feature store lives by default: in the cache, keyed by target, data file, split and size."""
+    key = hashlib.sha1(f"{target.name}:{data}".encode()).hexdigest()[:8]
+    return cache_dir() / "features" / f"{target.name}-{key}-{split}-{max_tokens}"
+
+
+def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, valid_tokens: int = 30_000,
+                   store: str | None = None, max_len: int = 512):
+    """(train store, validation store) for `target`, built on first use. Validation conversations are
+    held out by id (see data.sharegpt.split_conversations); Spec-Bench is never used for training."""
+    if max_tokens < 1000:
+        raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
+    path = str(sharegpt_path()) if data == "sharegpt" else data
+    if not Path(path).is_file():
+        raise BlockdraftError(f"training data '{data}' not found: use 'sharegpt' or a ShareGPT-format JSON file")
+    train, valid = split_conversations(load_conversations(path))
+    train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens)
+    valid_dir = train_dir.parent / (train_dir.name + "-valid") if store else store_folder(
+        target, path, "valid", valid_tokens)
+    train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len)
+    valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len) if valid_tokens else None
+    return train_store, valid_store
+
+
+def training_config(drafter: str, out, resume: bool = False, **options):
+    """Check the command's options before anything slow happens; returns (config, train function)."""
+    if drafter not in DRAFTERS:
+        raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
+    if resume and not (Path(out) / "resume" / "state.json").is_file():
+        raise BlockdraftError(f"--resume: '{out}' has no saved training state (resume/state.json)")
+    config_cls, train = (HeadsTrainConfig, train_heads) if drafter == "heads" else (BlockTrainConfig, train_block)
+    known = set(config_cls.__dataclass_fields__)
+    bad = [k for k, v in options.items() if v is not None and k not in known]
+    if bad:
+        raise BlockdraftError(f"option(s) {', '.join(bad)} do not apply to the '{drafter}' drafter")
+    return config_cls(**{k: v for k, v in options.items() if v is not None}), train
+
+
+def train_command(target, drafter: str, out, data="sharegpt", max_tokens=600_000, valid_tokens=30_000,
+                  store=None, resume=False, **options):
+    """Train a `heads` (BPD) or `block` (DFlash-style) drafter and save it to `out`."""
+    cfg, train = training_config(drafter, out, resume, **options)
+    train_store, valid_store = prepare_stores(target, data, max_tokens, valid_tokens, store)
+    return train(target, train_store, valid_store, Path(out), cfg, resume=resume)

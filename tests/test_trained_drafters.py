@@ -1,0 +1,185 @@
+"""BPD heads and the block drafter on a tiny random Llama: training, checkpoints, losslessness."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import char_tokenizer, tiny_llama
+
+from blockdraft import Target
+from blockdraft.decoding import SpeculativeDecoder
+from blockdraft.drafters import BlockDrafter, HeadsDrafter
+from blockdraft.errors import BlockdraftError
+from blockdraft.methods import make_drafter
+from blockdraft.train.block import BlockTrainConfig, block_batch, block_forward, pick_anchors, train_block
+from blockdraft.train.features import build_store
+from blockdraft.train.heads import HeadsTrainConfig, train_heads
+
+
+def conversations(n: int, seed: int = 0) -> list[dict]:
+    """Replies that repeat a short random pattern: learnable in a few steps, yet not trivial."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        pattern = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 5)))
+        question = " ".join(rng.choice(["tell", "me", "more", "now"]) for _ in range(4))
+        out.append({"id": f"c{i}", "conversations": [{"from": "human", "value": question},
+                                                      {"from": "gpt", "value": (pattern + " ") * 8}]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    # Peaked distributions (logit_scale) so that the teacher has clear top-1 choices.
+    return Target(tiny_llama(vocab_size=3 + 31, logit_scale=4.0), char_tokenizer(), name="tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def stores(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("stores")
+    train = build_store(tiny, conversations(120), root / "train", max_tokens=6000, max_len=64, top_k=8)
+    valid = build_store(tiny, conversations(10, seed=1), root / "valid", max_tokens=600, max_len=64, top_k=8)
+    return train, valid
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, stores, tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafters")
+    train, valid = stores
+    heads = train_heads(tiny, train, valid, root / "heads",
+                        HeadsTrainConfig(num_heads=3, inner_size=64, draft_vocab=0, epochs=6, batch=64, lr=3e-3))
+    block = train_block(tiny, train, valid, root / "block",
+                        BlockTrainConfig(gamma=4, draft_vocab=20, epochs=6, lr=3e-3, anchors_per_seq=12,
+                                         seqs_per_step=2, init_from_target=False))
+    return root, heads, block
+
+
+def logged_losses(folder) -> list[float]:
+    return [json.loads(line)["loss"] for line in (folder / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_feature_store_matches_the_target(tiny, stores):
+    train, _ = stores
+    a, b = next(train.sequences())
+    ids = torch.tensor(np.asarray(train.tokens[a:b], dtype=np.int64))[None]
+    with torch.no_grad():
+        out = tiny.model(ids, output_hidden_states=True)
+    expect = torch.cat([out.hidden_states[i][0] for i in train.layers], -1)
+    assert torch.allclose(torch.from_numpy(np.asarray(train.features[a:b], dtype=np.float32)), expect, atol=2e-3)
+    rows = np.nonzero(np.asarray(train.assistant[a:b]))[0]
+    assert len(rows) > 0
+    top1 = out.logits[0, rows].argmax(-1).numpy()
+    assert (np.asarray(train.topk_ids[a + rows, 0]) == top1).all()
+
+
+@pytest.mark.parametrize("kind", ["heads", "block"])
+def test_training_lowers_the_loss(trained, kind):
+    root, _, _ = trained
+    losses = logged_losses(root / kind)
+    assert len(losses) >= 3
+    # The teacher's own entropy is the floor of this loss (high for a random tiny model): ask for a clear drop.
+    assert losses[-1] < losses[0] - 0.2, losses
+
+
+def test_trained_drafters_beat_untrained_ones(tiny, stores, trained):
+    from blockdraft.drafters.block import BlockModel
+    from blockdraft.drafters.heads import HeadsModel
+    from blockdraft.train.block import evaluate_block
+    from blockdraft.train.heads import evaluate_heads
+
+    _, valid = stores
+    _, heads, block = trained
+    fresh_heads = HeadsDrafter(HeadsModel(heads.config), heads.lm_head)
+    assert heads.config.training["valid_tau_tf"] > evaluate_heads(fresh_heads, valid).tau + 0.05
+    fresh_block = BlockDrafter(BlockModel(block.config), block.embed, block.lm_head)
+    cols = valid.layer_slice(block.feature_layers)
+    assert block.config.training["valid_tau_tf"] > evaluate_block(fresh_block, valid, cols).tau + 0.2
+
+
+def test_checkpoint_round_trip(tiny, trained):
+    root, heads, block = trained
+    h = torch.randn(tiny.hidden_size)
+    again = HeadsDrafter.from_pretrained(root / "heads", tiny)
+    assert torch.equal(again.draft_lattice(h).tokens, heads.draft_lattice(h).tokens)
+    config = json.loads((root / "block" / "config.json").read_text())
+    assert config["target"] == {"name": "tiny-llama", "vocab_size": 34, "hidden_size": 32, "num_layers": 2}
+    assert config["draft_vocab"] == 20
+    block2 = BlockDrafter.from_pretrained(root / "block", tiny)
+    feats = torch.randn(5, block.model.fc.in_features)
+    for d in (block, block2):
+        d.reset([])
+        d._append(feats)
+    assert torch.equal(block.draft_lattice(7).tokens, block2.draft_lattice(7).tokens)
+
+
+def test_checkpoint_for_another_target_is_refused(trained):
+    root, _, _ = trained
+    other = Target(tiny_llama(vocab_size=40), char_tokenizer(), name="other-llama")
+    with pytest.raises(BlockdraftError, match="trained for target 'tiny-llama'"):
+        HeadsDrafter.from_pretrained(root / "heads", other)
+    with pytest.raises(BlockdraftError, match="not a 'heads' drafter"):
+        HeadsDrafter.from_pretrained(root / "block", other)
+
+
+def test_corrupt_checkpoints_give_clear_errors(tiny, trained, tmp_path):
+    root, _, _ = trained
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(root / "heads", bad)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(BlockdraftError, match="corrupt drafter checkpoint"):
+        HeadsDrafter.from_pretrained(bad, tiny)
+    (bad / "config.json").write_text("{ broken")
+    with pytest.raises(BlockdraftError, match="not valid JSON"):
+        HeadsDrafter.from_pretrained(bad, tiny)
+    with pytest.raises(BlockdraftError, match="not a drafter checkpoint"):
+        BlockDrafter.from_pretrained(tmp_path / "missing", tiny)
+
+
+def test_block_drafter_inference_matches_training_masks(tiny, stores, trained):
+    """The incremental context cache at decode time must give the very logits the training pass saw."""
+    train, _ = stores
+    _, _, block = trained
+    a, b = next(train.sequences())
+    cols = train.layer_slice(block.feature_layers)
+    anchors = pick_anchors(train, a, b, 4, np.random.default_rng(0))
+    feats, roots, pos, allowed, rows, ok = block_batch(train, a, b, cols, block.config.gamma, anchors)
+    with torch.no_grad():
+        batch_logits = block_forward(block.model, block.embed, block.lm_head, feats, roots, pos, allowed)
+    for i, p in enumerate(anchors.tolist()):
+        block.reset([])
+        block._append(feats[: p // 2])  # arriving in two pieces, as over decoding steps
+        block._append(feats[p // 2 : p])
+        lattice = block.draft_lattice(int(roots[i]))
+        expect = block.lm_head.to_target_ids(batch_logits[i].argmax(-1))
+        assert torch.equal(lattice.best(), expect)
+
+
+@pytest.mark.parametrize("kind", ["heads", "block"])
+def test_greedy_output_equals_ar(tiny, trained, kind):
+    root, _, _ = trained
+    prompt = tiny.encode("tell me more now\n", chat_template=False)
+    ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 40)
+    drafter = make_drafter(f"{'bpd' if kind == 'heads' else 'dflash'}:checkpoint={root / kind}", tiny)
+    spec = SpeculativeDecoder(tiny, drafter).generate(prompt, 40)
+    assert spec.tokens == ar.tokens
+    assert spec.stats.target_calls < ar.stats.target_calls  # the drafts do get accepted
+
+
+def test_missing_shipped_checkpoint_names_the_train_command(tiny):
+    with pytest.raises(BlockdraftError, match="blockdraft train --drafter block"):
+        make_drafter("dflash", tiny)
+
+
+def test_train_command_rejects_bad_options(tmp_path, capsys):
+    from blockdraft.cli import main
+
+    assert main(["train", "--drafter", "heads", "--gamma", "4", "--out", str(tmp_path / "x")]) == 2
+    assert "gamma do not apply to the 'heads' drafter" in capsys.readouterr().err
+    assert main(["train", "--drafter", "block", "--resume", "--out", str(tmp_path / "y")]) == 2
+    assert "no saved training state" in capsys.readouterr().err
