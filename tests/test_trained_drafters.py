@@ -97,7 +97,7 @@ def test_trained_drafters_beat_untrained_ones(tiny, stores, trained):
     assert heads.config.training["valid_tau_tf"] > evaluate_heads(fresh_heads, valid).tau + 0.05
     fresh_block = BlockDrafter(BlockModel(block.config), block.embed, block.lm_head)
     cols = valid.layer_slice(block.feature_layers)
-    assert block.config.training["valid_tau_tf"] > evaluate_block(fresh_block, valid, cols).tau + 0.2
+    assert block.config.training["valid_tau_tf"] > evaluate_block(fresh_block, valid, cols).tau + 0.1
 
 
 def test_checkpoint_round_trip(tiny, trained):

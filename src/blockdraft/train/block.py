@@ -20,11 +20,12 @@ class BlockTrainConfig:
     gamma: int = 8
     draft_vocab: int = 8192
     epochs: float = 1.0
-    lr: float = 6e-4
-    anchors_per_seq: int = 48
-    seqs_per_step: int = 4
+    lr: float = 1e-3
+    anchors_per_seq: int = 64
+    seqs_per_step: int = 1
     max_minutes: float = 0.0
-    init_from_target: bool = True
+    init_from_target: bool = False
+    zero_init: bool = False
     seed: int = 0
 
 
@@ -52,8 +53,11 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
 def block_forward(model: BlockModel, embed: torch.Tensor, lm_head: FrozenLMHead, feats, roots, pos, allowed):
     """Logits [A, gamma-1, V'] of every anchor block of one sequence."""
     g = pos.shape[1]
-    x = torch.cat([embed[roots][:, None], model.mask_embedding[None, None].expand(len(roots), g - 1, -1)], 1)
-    ctx = model.context(feats, torch.arange(len(feats)))
+    ctx_h = model.project(feats)
+    anchors = pos[:, 0]
+    last = torch.where((anchors > 0)[:, None], feats[(anchors - 1).clamp_min(0)], model.feature_mean[None])
+    x = model.block_inputs(embed[roots], last)
+    ctx = model.context(ctx_h, torch.arange(len(feats)))
     h = model(x.reshape(-1, x.shape[-1]), pos.reshape(-1), ctx, allowed)
     return lm_head(h.view(len(roots), g, -1)[:, 1:])
 
@@ -69,11 +73,16 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 resume: bool = False) -> BlockDrafter:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    layers = tuple(store.layers[:-1])  # all stored layers except the final normed one
-    model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma)
+    layers = tuple(store.layers)  # spaced layers for the context, then the final normed state
+    model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma,
+                                       final_state_residual=layers[-1] == target.num_layers,
+                                       zero_init=cfg.zero_init and layers[-1] == target.num_layers)
     model = BlockModel(model_cfg)
     if cfg.init_from_target:
         model.init_from_target(target.model)
+    sample = np.asarray(store.features[:: max(1, len(store.tokens) // 50_000)][:, store.layer_slice(layers)],
+                        dtype=np.float32)
+    model.set_feature_stats(torch.from_numpy(sample.mean(0)), torch.from_numpy(sample.std(0)))
     vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
     drafter = BlockDrafter.for_target(model, target, vocab)
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
