@@ -11,7 +11,7 @@ values from a second sequence of features; everything else is plain torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from ..errors import BlockdraftError
 from ..trees import DraftTree
 from .base import DraftContext, Drafter
-from .checkpoint import load_checkpoint, load_weights, save_checkpoint, target_signature
+from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .lattice import DraftLattice
 from .layers import FrozenLMHead
 
@@ -232,12 +232,7 @@ class BlockDrafter(Drafter):
         return cls(model, weights, head, **kw)
 
     def save_pretrained(self, folder, target) -> None:
-        state = dict(self.model.state_dict())
-        if self.lm_head.vocab is not None:
-            state["draft_vocab"] = self.lm_head.vocab
-        config = asdict(self.config)
-        config["draft_vocab"] = 0 if self.lm_head.vocab is None else len(self.lm_head.vocab)
-        save_checkpoint(folder, self.kind, config, state, target_signature(target))
+        save_drafter(folder, self.kind, self.model, self.lm_head, target)
 
     # --- drafting --------------------------------------------------------------------
     def reset(self, prompt_ids) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -74,3 +75,13 @@ def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], folder
         first = str(e).strip().splitlines()
         raise BlockdraftError(f"corrupt drafter checkpoint '{folder}': weights do not match its config "
                               f"({' '.join(first[:2])[:300]})") from None
+
+
+def save_drafter(folder, kind: str, model: torch.nn.Module, lm_head, target) -> Path:
+    """Save a neural drafter: its module's weights and config, plus the draft->target vocabulary map."""
+    state = dict(model.state_dict())
+    if lm_head.vocab is not None:
+        state["draft_vocab"] = lm_head.vocab
+    config = asdict(model.config)
+    config["draft_vocab"] = 0 if lm_head.vocab is None else len(lm_head.vocab)
+    return save_checkpoint(folder, kind, config, state, target_signature(target))

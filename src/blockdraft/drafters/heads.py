@@ -8,7 +8,7 @@ verify of step t and predict of step t+1 are merged, as in the paper.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from torch import nn
 from ..errors import BlockdraftError
 from ..trees import DraftTree
 from .base import DraftContext, Drafter
-from .checkpoint import load_checkpoint, load_weights, save_checkpoint, target_signature
+from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .lattice import DraftLattice
 from .layers import FrozenLMHead, ResidualFFN
 
@@ -71,12 +71,7 @@ class HeadsDrafter(Drafter):
         return cls(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab), **kw)
 
     def save_pretrained(self, folder, target) -> None:
-        state = dict(self.model.state_dict())
-        if self.lm_head.vocab is not None:
-            state["draft_vocab"] = self.lm_head.vocab
-        config = asdict(self.config)
-        config["draft_vocab"] = 0 if self.lm_head.vocab is None else len(self.lm_head.vocab)
-        save_checkpoint(folder, self.kind, config, state, target_signature(target))
+        save_drafter(folder, self.kind, self.model, self.lm_head, target)
 
     @torch.inference_mode()
     def draft_lattice(self, h: torch.Tensor) -> DraftLattice:
