@@ -20,32 +20,6 @@ from blockdraft.train.features import build_store
 from blockdraft.train.heads import HeadsTrainConfig, train_heads
 
 
-def conversations(n: int, seed: int = 0) -> list[dict]:
-    """Replies that repeat a short random pattern: learnable in a few steps, yet not trivial."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        pattern = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 5)))
-        question = " ".join(rng.choice(["tell", "me", "more", "now"]) for _ in range(4))
-        out.append({"id": f"c{i}", "conversations": [{"from": "human", "value": question},
-                                                      {"from": "gpt", "value": (pattern + " ") * 8}]})
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    # Peaked distributions (logit_scale) so that the teacher has clear top-1 choices.
-    return Target(tiny_llama(vocab_size=3 + 31, logit_scale=4.0), char_tokenizer(), name="tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def stores(tiny, tmp_path_factory):
-    root = tmp_path_factory.mktemp("stores")
-    train = build_store(tiny, conversations(120), root / "train", max_tokens=6000, max_len=64, top_k=8)
-    valid = build_store(tiny, conversations(10, seed=1), root / "valid", max_tokens=600, max_len=64, top_k=8)
-    return train, valid
-
-
 @pytest.fixture(scope="module")
 def trained(tiny, stores, tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")

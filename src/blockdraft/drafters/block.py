@@ -210,7 +210,7 @@ class BlockDrafter(Drafter):
         # Drafts per step (default gamma-1): a shorter chain is cheaper to verify on slow hardware.
         self.depth = min(depth or self.config.gamma - 1, self.config.gamma - 1)
         self.feature_layers = tuple(self.config.feature_layers)
-        self.lattice: DraftLattice | None = None  # the last proposal's lattice, for trees and analysis
+        self.last_lattice: DraftLattice | None = None  # the last proposal's lattice, for analysis
         self.reset([])
 
     # --- checkpoints -----------------------------------------------------------------
@@ -267,14 +267,20 @@ class BlockDrafter(Drafter):
         h = self.model(x, pos, self.ctx_kv)
         return DraftLattice.from_logits(self.lm_head(h[1:]), self.top_k, self.lm_head.vocab)
 
-    def propose(self, ctx: DraftContext) -> DraftTree:
+    def lattice(self, ctx: DraftContext) -> DraftLattice | None:
+        """Take in the newly committed features, then draft this step's top-k lattice (None: nothing to draft)."""
         self._append(ctx.features)
         if self.n_ctx != len(ctx.tokens) - 1:  # e.g. a one-token prompt: no context yet
             raise BlockdraftError(f"block drafter context out of step: {self.n_ctx} features for "
                                   f"{len(ctx.tokens) - 1} committed tokens")
-        root = ctx.tokens[-1]
-        depth = min(self.depth, ctx.max_depth)
-        if depth <= 0:
-            return DraftTree.root_only(root)
-        self.lattice = self.draft_lattice(root)
-        return DraftTree.chain(root, self.lattice.best()[:depth])
+        if min(self.depth, ctx.max_depth) <= 0:
+            return None
+        lattice = self.draft_lattice(ctx.tokens[-1])
+        self.last_lattice = DraftLattice(lattice.tokens[: self.depth], lattice.logp[: self.depth])
+        return self.last_lattice
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        lattice = self.lattice(ctx)
+        if lattice is None:
+            return DraftTree.root_only(ctx.tokens[-1])
+        return DraftTree.chain(ctx.tokens[-1], lattice.best()[: ctx.max_depth])

@@ -59,7 +59,7 @@ class HeadsDrafter(Drafter):
         self.top_k = top_k
         self.num_heads = min(num_heads or self.config.num_heads, self.config.num_heads)
         self.feature_layers = (self.config.feature_layer,)
-        self.lattice: DraftLattice | None = None
+        self.last_lattice: DraftLattice | None = None  # for analysis
 
     @classmethod
     def from_pretrained(cls, folder, target, **kw) -> "HeadsDrafter":
@@ -78,10 +78,15 @@ class HeadsDrafter(Drafter):
         states = self.model(h.to(self.lm_head.weight.dtype))[: self.num_heads]
         return DraftLattice.from_logits(self.lm_head(states), self.top_k, self.lm_head.vocab)
 
+    def lattice(self, ctx: DraftContext) -> DraftLattice | None:
+        """The heads' top-k lattice for this step (None when there is no target state to read yet)."""
+        if ctx.features is None or len(ctx.features) == 0 or min(self.num_heads, ctx.max_depth) <= 0:
+            return None  # e.g. a one-token prompt
+        self.last_lattice = self.draft_lattice(ctx.features[-1])
+        return self.last_lattice
+
     def propose(self, ctx: DraftContext) -> DraftTree:
-        root = ctx.tokens[-1]
-        depth = min(self.num_heads, ctx.max_depth)
-        if ctx.features is None or len(ctx.features) == 0 or depth <= 0:
-            return DraftTree.root_only(root)  # a one-token prompt: no target state to read yet
-        self.lattice = self.draft_lattice(ctx.features[-1])
-        return DraftTree.chain(root, self.lattice.best()[:depth])
+        lattice = self.lattice(ctx)
+        if lattice is None:
+            return DraftTree.root_only(ctx.tokens[-1])
+        return DraftTree.chain(ctx.tokens[-1], lattice.best()[: ctx.max_depth])

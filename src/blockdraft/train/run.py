@@ -11,8 +11,16 @@ from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
 from .features import build_store
 from .heads import HeadsTrainConfig, train_heads
+from .neural import NeuralTrainConfig, train_neural
+from .ngram import NGramTrainConfig, train_ngram
 
-DRAFTERS = ("heads", "block")
+# --drafter -> (its options, its training function); all but ngram train from the feature store
+DRAFTERS = {
+    "heads": (HeadsTrainConfig, train_heads),
+    "block": (BlockTrainConfig, train_block),
+    "neural": (NeuralTrainConfig, train_neural),
+    "ngram": (NGramTrainConfig, train_ngram),
+}
 
 
 def store_folder(target, data: str, split: str, max_tokens: int) -> Path:
@@ -45,7 +53,7 @@ def training_config(drafter: str, out, resume: bool = False, **options):
         raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
     if resume and not (Path(out) / "resume" / "state.json").is_file():
         raise BlockdraftError(f"--resume: '{out}' has no saved training state (resume/state.json)")
-    config_cls, train = (HeadsTrainConfig, train_heads) if drafter == "heads" else (BlockTrainConfig, train_block)
+    config_cls, train = DRAFTERS[drafter]
     known = set(config_cls.__dataclass_fields__)
     bad = [k for k, v in options.items() if v is not None and k not in known]
     if bad:
@@ -53,9 +61,12 @@ def training_config(drafter: str, out, resume: bool = False, **options):
     return config_cls(**{k: v for k, v in options.items() if v is not None}), train
 
 
-def train_command(target, drafter: str, out, data="sharegpt", max_tokens=600_000, valid_tokens=30_000,
+def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, valid_tokens=30_000,
                   store=None, resume=False, **options):
-    """Train a `heads` (BPD) or `block` (DFlash-style) drafter and save it to `out`."""
+    """Train a drafter (`heads`, `block`) or a rescoring LM (`neural`, `ngram`) and save it to `out`."""
     cfg, train = training_config(drafter, out, resume, **options)
+    if drafter == "ngram":  # counts tokens, needs no target features
+        return train(target, out, data, cfg.order, max_tokens or 3_000_000, cfg.min_count)
+    max_tokens = max_tokens or 600_000
     train_store, valid_store = prepare_stores(target, data, max_tokens, valid_tokens, store)
     return train(target, train_store, valid_store, Path(out), cfg, resume=resume)

@@ -1,0 +1,87 @@
+"""Self-distillation data: the target's own greedy replies to ShareGPT prompts, as a ShareGPT-format file.
+
+A drafter is judged on the target's *own* output, but ShareGPT replies were written by another
+model; Medusa and EAGLE both found that training on the target's regenerated replies raises
+acceptance. We keep each record's id, so `split_conversations` holds out the same validation
+conversations as for the original file, and `blockdraft train --data FILE` reads the result.
+
+Prompts are generated in batches (left-padded, similar lengths together): on a CPU a batch of
+16 costs little more per step than a single sequence, so this is ~10x faster than one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..errors import BlockdraftError
+from .sharegpt import load_conversations, sharegpt_path, split_conversations
+
+
+def first_prompts(records, tokenizer, max_prompt_tokens: int) -> list[tuple[str, str, list[int]]]:
+    """(id, prompt text, chat-template ids) of each record's first human turn that fits."""
+    out = []
+    for r in records:
+        turns = r["conversations"]
+        if not turns or turns[0].get("from") != "human":
+            continue
+        text = str(turns[0].get("value", "")).strip()
+        if not text:
+            continue
+        msgs = [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        if len(ids) <= max_prompt_tokens:
+            out.append((str(r.get("id", len(out))), text, ids))
+    return out
+
+
+@torch.inference_mode()
+def regenerate(target, out: str | Path, max_tokens: int = 200_000, max_new_tokens: int = 256,
+               batch_size: int = 16, max_prompt_tokens: int = 256, data: str = "sharegpt",
+               valid_share: float = 0.05) -> Path:
+    """Write the target's greedy replies to the training split's prompts until ~max_tokens reply tokens."""
+    if target.tokenizer is None or not getattr(target.tokenizer, "chat_template", None):
+        raise BlockdraftError("self-distillation needs a target with a tokenizer and a chat template")
+    if max_tokens < 1 or max_new_tokens < 1 or batch_size < 1:
+        raise BlockdraftError("max_tokens, max_new_tokens and batch_size must be positive")
+    path = str(sharegpt_path()) if data == "sharegpt" else data
+    train, valid = split_conversations(load_conversations(path))
+    tok = target.tokenizer
+    # a share of held-out prompts too, so that training can validate on the target's own replies
+    n_valid = max(1, int(max_tokens * valid_share / max_new_tokens * 2))
+    prompts = first_prompts(valid, tok, max_prompt_tokens)[:n_valid] + first_prompts(train, tok, max_prompt_tokens)
+    eos = sorted(target.eos_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    records, n_reply = [], 0
+    bar = tqdm(total=max_tokens, desc="self-distillation replies", unit="tok")
+    for b in range(0, len(prompts), batch_size):
+        if n_reply >= max_tokens:
+            break
+        # sort a window of prompts by length so a batch wastes little on padding
+        batch = sorted(prompts[b : b + batch_size], key=lambda p: len(p[2]))
+        width = max(len(p[2]) for p in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, (_, _, p) in enumerate(batch):
+            ids[i, width - len(p):] = torch.tensor(p)
+            att[i, width - len(p):] = 1
+        gen = target.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens,
+                                    do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        for (rid, text, _), row in zip(batch, gen[:, width:].tolist()):
+            cut = next((i for i, t in enumerate(row) if t in eos), len(row))
+            reply = row[:cut]  # generate pads finished rows after their EOS
+            if not reply:
+                continue
+            n_reply += len(reply)
+            bar.update(len(reply))
+            records.append({"id": rid, "conversations": [
+                {"from": "human", "value": text}, {"from": "gpt", "value": target.decode(reply)}]})
+    bar.close()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(records, ensure_ascii=False))
+    return out

@@ -1,0 +1,81 @@
+"""Training the token n-gram LM for rescoring: count n-grams of the target's tokens over ShareGPT."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..data.sharegpt import load_conversations, sharegpt_path, split_conversations
+from ..drafters.checkpoint import target_signature
+from ..errors import BlockdraftError
+from ..refine.ngram import NGramLM
+from .features import conversation_ids
+
+
+@dataclass
+class NGramTrainConfig:
+    order: int = 4
+    min_count: int = 2  # n-grams of order >= 3 seen once are pruned (their mass backs off): 3-4x smaller
+
+
+def token_sequences(target, records, max_tokens: int, max_len: int = 4096, desc: str = "tokenizing"):
+    """Chat-template token ids of conversations (prompts and replies) until max_tokens; also the reply masks."""
+    seqs, masks, n = [], [], 0
+    with tqdm(total=max_tokens, unit="tok", desc=desc) as bar:
+        for r in records:
+            conv = conversation_ids(target.tokenizer, r, max_len)
+            if conv is None:
+                continue
+            ids, mask = conv
+            ids, mask = ids[: max_tokens - n], mask[: max_tokens - n]
+            seqs.append(np.asarray(ids, dtype=np.int64))
+            masks.append(np.asarray(mask, dtype=bool))
+            n += len(ids)
+            bar.update(len(ids))
+            if n >= max_tokens:
+                break
+    return seqs, masks
+
+
+def perplexity(lm: NGramLM, seqs, masks) -> float:
+    """Per-token perplexity of reply tokens (position i predicts token i+1 where mask[i])."""
+    total, count = 0.0, 0
+    for ids, mask in zip(seqs, masks):
+        pos = np.flatnonzero(mask[:-1])
+        if len(pos) == 0:
+            continue
+        ctx = np.stack([np.where(pos - j >= 0, ids[np.maximum(pos - j, 0)], -1) for j in range(lm.order - 2, -1, -1)],
+                       axis=1)
+        total -= lm.logprob(ctx, ids[pos + 1]).sum()
+        count += len(pos)
+    return math.exp(total / max(count, 1))
+
+
+def train_ngram(target, out, data: str = "sharegpt", order: int = 4, max_tokens: int = 3_000_000,
+                min_count: int = 2) -> NGramLM:
+    """`blockdraft train --drafter ngram`: fit, report held-out perplexity, save config.json + ngram.npz."""
+    if target.tokenizer is None:
+        raise BlockdraftError("the n-gram LM is trained on text: the target needs a tokenizer")
+    if max_tokens < 1000:
+        raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
+    path = str(sharegpt_path()) if data == "sharegpt" else data
+    if not Path(path).is_file():
+        raise BlockdraftError(f"training data '{data}' not found: use 'sharegpt' or a ShareGPT-format JSON file")
+    train, valid = split_conversations(load_conversations(path))
+    t0 = time.time()
+    seqs, _ = token_sequences(target, train, max_tokens)
+    vseqs, vmasks = token_sequences(target, valid, 50_000, desc="held-out")
+    lm = NGramLM.fit(seqs, target.vocab_size, order, min_count,
+                     meta={"target": target_signature(target), "train_tokens": int(sum(map(len, seqs))),
+                           "min_count": min_count, "data": Path(path).name})
+    lm.meta["valid_perplexity"] = round(perplexity(lm, vseqs, vmasks), 2)
+    lm.meta["minutes"] = round((time.time() - t0) / 60, 1)
+    lm.save(out)
+    sizes = ", ".join(f"{n}-grams {len(o.pair_keys):,}" for n, o in enumerate(lm.orders, start=1))
+    print(f"order {order}: {sizes}; held-out reply perplexity {lm.meta['valid_perplexity']}")
+    return lm
