@@ -218,3 +218,27 @@ def test_train_command_builds_an_ngram_lm(tiny, tmp_path):
     assert (tmp_path / "ngram" / "ngram.npz").is_file()
     with pytest.raises(BlockdraftError, match="do not apply"):
         train_command(tiny, "ngram", tmp_path / "x", data=str(data), max_tokens=2000, num_heads=3)
+
+
+def test_analysis_replays_the_real_run_and_bounds_it():
+    from blockdraft.bench.analyze import analyze_prompt, h_max, repetition, summarize
+
+    target = eos_free_target(4)
+    prompt = [3, 4, 5, 6, 3, 4, 5, 7, 8, 3, 4]
+    lm = NGramLM.fit([prompt * 3], 24, 3)
+    base = heads_drafter(target, 5)
+    base.top_k = 16
+    refiners = {"global": RescoredDrafter(heads_drafter(target, 5), lm, "global", 0.5, p=4),
+                "local": RescoredDrafter(heads_drafter(target, 5), lm, "local", 0.5)}
+    row = analyze_prompt(target, base, refiners, prompt, "toy", max_new_tokens=40)
+    # replaying the top-1 chain on the greedy reply reproduces the real decoding run exactly
+    assert row.oracle[1] == pytest.approx(row.tau)
+    ks = sorted(row.oracle)
+    assert all(row.oracle[a] <= row.oracle[b] for a, b in zip(ks, ks[1:]))  # more choice never hurts the oracle
+    assert row.oracle[16] >= max(row.replayed.values())  # no rule beats the oracle over the same lattice
+    # the replayed global rescoring equals a real run with that drafter
+    real = SpeculativeDecoder(target, refiners["global"]).generate(prompt, max_new_tokens=40)
+    assert row.replayed["global"] == pytest.approx(real.stats.tau)
+    assert len(row.entropy) == 3 and summarize([row])["overall"]["h_max"] == h_max(row.entropy)
+    assert h_max([1.0, 2.0, 3.0, 2.5]) == 3 and h_max([2.0, 1.0]) == 1
+    assert repetition([[5, 5, 5, 1], [1, 2, 3]]) == (pytest.approx(2 / 5), 2.0)

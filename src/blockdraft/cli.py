@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import BlockdraftError
 
@@ -75,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--acceptor", default=None, choices=list(ACCEPTORS), help="acceptance rule for our methods")
     _add_generation_args(b)
     b.set_defaults(no_chat_template=False)
+
+    a = sub.add_parser("analyze", help="analyse a lattice drafter: head entropy, repetition, oracle top-k headroom")
+    a.add_argument("--questions", default=None,
+                   help="question file (JSONL, Spec-Bench format; default the shared Spec-Bench file) or 'sharegpt'")
+    a.add_argument("--per-category", type=int, default=2, help="first N questions of each category (default 2)")
+    a.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    a.add_argument("--drafter", default="bpd", help="the lattice drafter to analyse: bpd (default) or dflash")
+    a.add_argument("--refiners", default="",
+                   help="comma-separated rescored methods to replay next to it, e.g. bpd-ngram,bpd-neural")
+    a.add_argument("--max-new-tokens", type=int, default=128, help="reply length per question (default 128)")
+    a.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    a.add_argument("--out", default=None, help="output folder (default runs/analyze-DATE-TIME)")
+    a.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
     t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram"],
@@ -154,6 +168,33 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    import datetime
+
+    from .api import load_target
+    from .bench import load_questions
+    from .bench.analyze import analyze
+    from .methods import METHODS, parse_method
+
+    if args.max_new_tokens <= 1:
+        raise BlockdraftError(f"--max-new-tokens must be at least 2, got {args.max_new_tokens}")
+    if args.per_category is not None and args.per_category <= 0:
+        raise BlockdraftError(f"--per-category must be positive, got {args.per_category}")
+    refiners = tuple(m.strip() for m in args.refiners.split(",") if m.strip())
+    for spec in (args.drafter, *refiners):  # before spending seconds on loading the model
+        if parse_method(spec)[0] not in METHODS:
+            raise BlockdraftError(f"unknown method '{spec}': choose among {', '.join(METHODS)}")
+    cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    questions = load_questions(args.questions, args.per_category, cats)
+    target = load_target(args.target)
+    out = args.out or f"runs/analyze-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    command = "blockdraft analyze " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blockdraft analyze"
+    summary = analyze(target, questions, args.drafter, refiners, args.max_new_tokens, out, command)
+    print((Path(out) / "report.md").read_text())
+    print(f"wrote {out}/report.md, analysis.json, entropy.png, oracle.png")
+    return 0
+
+
 def cmd_generate(args) -> int:
     from .api import load_target
     from .decoding import SpeculativeDecoder
@@ -189,7 +230,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train}
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze}
 
 
 def main(argv: list[str] | None = None) -> int:

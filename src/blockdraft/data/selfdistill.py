@@ -85,3 +85,32 @@ def regenerate(target, out: str | Path, max_tokens: int = 200_000, max_new_token
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(records, ensure_ascii=False))
     return out
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    from ..api import load_target
+
+    p = argparse.ArgumentParser(prog="python -m blockdraft.data.selfdistill",
+                                description="write the target's greedy replies to ShareGPT prompts (ShareGPT format)")
+    p.add_argument("out", help="output JSON file")
+    p.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    p.add_argument("--data", default="sharegpt", help="'sharegpt' or a ShareGPT-format JSON file of prompts")
+    p.add_argument("--max-tokens", type=int, default=200_000, help="reply tokens to generate (default 200k)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply (default 256)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts generated together (default 16)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        path = regenerate(load_target(args.target) if args.target else load_target(), args.out, args.max_tokens,
+                          args.max_new_tokens, args.batch_size, data=args.data)
+    except BlockdraftError as e:
+        raise SystemExit(f"blockdraft: error: {e}") from None
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

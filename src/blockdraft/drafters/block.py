@@ -276,7 +276,8 @@ class BlockDrafter(Drafter):
         if min(self.depth, ctx.max_depth) <= 0:
             return None
         lattice = self.draft_lattice(ctx.tokens[-1])
-        self.last_lattice = DraftLattice(lattice.tokens[: self.depth], lattice.logp[: self.depth])
+        self.last_lattice = DraftLattice(lattice.tokens[: self.depth], lattice.logp[: self.depth],
+                                         lattice.entropy[: self.depth])
         return self.last_lattice
 
     def propose(self, ctx: DraftContext) -> DraftTree:

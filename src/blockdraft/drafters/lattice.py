@@ -17,6 +17,7 @@ class DraftLattice:
 
     tokens: torch.Tensor  # [D, k] long, best first
     logp: torch.Tensor  # [D, k] float, log-probabilities under the drafter
+    entropy: torch.Tensor | None = None  # [D] entropy (nats) of each depth's full draft distribution
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor, k: int, vocab_map: torch.Tensor | None = None) -> "DraftLattice":
@@ -24,7 +25,8 @@ class DraftLattice:
         logp = torch.log_softmax(logits.float(), dim=-1)
         top = logp.topk(min(k, logp.shape[-1]), dim=-1)
         tokens = top.indices if vocab_map is None else vocab_map[top.indices]
-        return cls(tokens, top.values)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return cls(tokens, top.values, entropy)
 
     @property
     def depth(self) -> int:
