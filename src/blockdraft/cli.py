@@ -45,6 +45,21 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt raw, without the chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--budget", default=None, type=_budget,
+                   help="draft nodes per tree for the tree methods (medusa, bpd-tree, ddtree; default 16), or "
+                        "'auto': measure this machine's verification cost once and pick per step")
+
+
+def _budget(value: str):
+    if value == "auto":
+        return value
+    try:
+        b = int(value)
+    except ValueError:
+        b = 0
+    if b < 1:
+        raise argparse.ArgumentTypeError(f"--budget must be a positive integer or 'auto', got '{value}'")
+    return b
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--min-count", type=int, default=None,
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
     t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
+    t.add_argument("--init", default=None, help="heads: start from this checkpoint (fine-tune, e.g. on new data)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -125,7 +141,8 @@ def cmd_train(args) -> int:
 
     options = dict(epochs=args.epochs, max_minutes=args.max_minutes, num_heads=args.num_heads,
                    num_layers=args.num_layers, gamma=args.gamma, draft_vocab=args.draft_vocab, lr=args.lr,
-                   seed=args.seed, order=args.order, min_count=args.min_count, width=args.width)
+                   seed=args.seed, order=args.order, min_count=args.min_count, width=args.width,
+                   init=args.init)
     training_config(args.drafter, args.out, args.resume, **options)  # fail fast, before loading anything
     target = load_target(args.target)
     train_command(target, args.drafter, args.out, data=args.data, max_tokens=args.max_tokens,
@@ -145,7 +162,9 @@ def cmd_bench(args) -> int:
     from .bench.report import markdown_table, write_report
     from .bench.runners import check_methods
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    from .methods import with_budget
+
+    methods = [with_budget(m.strip(), args.budget) for m in args.methods.split(",") if m.strip()]
     if args.max_new_tokens <= 0:
         raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.per_category is not None and args.per_category <= 0:
@@ -208,7 +227,9 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens <= 0:
         raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     target = load_target(args.target)
-    drafter = make_drafter(args.method, target)
+    from .methods import with_budget
+
+    drafter = make_drafter(with_budget(args.method, args.budget), target)
     decoder = SpeculativeDecoder(target, drafter, params, args.acceptor)
     ids = target.encode(prompt, chat_template=not args.no_chat_template)
     streamer = None if args.json else TextStreamer(target.decode, args.stop)

@@ -57,12 +57,29 @@ def rescored(base: str, kind: str, mode: str, alpha: float) -> Callable[..., Dra
     return factory
 
 
+def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Drafter]:
+    """Factory for a tree method: budget=B (draft nodes), prior=A (weight of the shipped n-gram LM
+    in best-first scores, 0 = off), lm=DIR (another n-gram LM), plus the base drafter's options."""
+    def factory(target: Target, budget: int | str = budget, prior: float = 0.0, lm: str | None = None,
+                **options) -> Drafter:
+        from .trees.budget import cost_curve
+        from .trees.drafter import TreeDrafter
+
+        ngram = shipped_rescorer(target, "ngram", lm) if prior > 0 else None
+        curve = cost_curve(target) if budget == "auto" else None
+        return TreeDrafter(METHODS[base][0](target, **options), builder, budget, ngram, prior, cost_curve=curve)
+    return factory
+
+
 # name -> (factory(target, **options) -> Drafter, one-line description)
 METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "ar": (lambda target, **kw: NoDrafter(), "plain autoregressive decoding through the same Target code (baseline)"),
     "lookup": (lambda target, **kw: PromptLookupDrafter(**kw), "prompt lookup decoding (training-free n-gram copy)"),
     "bpd": (trained(HeadsDrafter, "bpd", "heads"), "blockwise parallel decoding heads on the target's state (chain)"),
     "dflash": (trained(BlockDrafter, "dflash", "block"), "one-shot block drafter fed with target features (chain)"),
+    "medusa": (tree_method("bpd", "static"), "BPD heads, Medusa's static top-k tree (16 nodes)"),
+    "bpd-tree": (tree_method("bpd", "best"), "BPD heads, best-first tree over the heads' marginals (budget 16)"),
+    "ddtree": (tree_method("dflash", "best"), "block drafter, best-first tree over its marginals (DDTree, budget 16)"),
     "bpd-ngram": (rescored("bpd", "ngram", "global", 0.3),
                   "BPD heads, the p best lattice paths under a 4-gram LM, verified as one tree"),
     "bpd-neural": (rescored("bpd", "neural", "local", 0.3), "BPD heads, draft rescored left to right by a small LM"),
@@ -71,6 +88,17 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "dflash-neural": (rescored("dflash", "neural", "local", 0.3),
                       "block drafter, draft rescored left to right by a small LM"),
 }
+
+
+TREE_METHODS = ("medusa", "bpd-tree", "ddtree")
+
+
+def with_budget(spec: str, budget: str | int | None) -> str:
+    """Apply a run-wide `--budget` to a tree method spec (an explicit budget= in the spec wins)."""
+    name, options = parse_method(spec)
+    if budget is None or name not in TREE_METHODS or "budget" in options:
+        return spec
+    return f"{spec}:budget={budget}"
 
 
 def parse_method(spec: str) -> tuple[str, dict]:

@@ -24,6 +24,7 @@ class HeadsTrainConfig:
     batch: int = 256
     max_minutes: float = 0.0
     seed: int = 0
+    init: str | None = None  # start from this heads checkpoint (its heads and draft vocabulary): fine-tuning
 
 
 class HeadPositions:
@@ -58,9 +59,15 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     final = store.layers[-1]
-    model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size))
-    vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
-    drafter = HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab))
+    if cfg.init:
+        drafter = HeadsDrafter.from_pretrained(cfg.init, target)
+        model = drafter.model
+        model.config.training = {"init": str(cfg.init), "init_training": model.config.training}
+    else:
+        model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size))
+        vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
+        drafter = HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab))
+    cfg.num_heads = model.config.num_heads
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
     col = store.layer_slice((final,))
     positions = HeadPositions(store, cfg.num_heads)
@@ -83,7 +90,8 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 break
     trainer.close()
     model.eval()
-    model.config.training = {"command_config": vars(cfg), "minutes": round(trainer.budget.spent / 60, 1),
+    model.config.training = {**model.config.training, "command_config": vars(cfg),
+                             "minutes": round(trainer.budget.spent / 60, 1),
                              "steps": trainer.step_no, "train_tokens": store.meta["n_tokens"],
                              "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
     if valid is not None:

@@ -1,0 +1,61 @@
+"""Choosing the tree budget: this machine's verification cost curve, and the budget it makes worth it.
+
+A tree of B draft nodes costs t(B) / t(0) single-token steps to verify; on a 2-core CPU that
+ratio jumps to ~1.6 at once and keeps rising (unlike a GPU, where it stays ~1 up to dozens of
+nodes). `--budget auto` measures the curve once per target and thread count (cached as JSON),
+then picks, at every step, the B that maximises expected tokens per unit of time:
+    (1 + sum_{i <= B} P(node i accepted)) / cost(B),
+where a best-first tree's nodes come best first and P(node) = exp(its cumulative drafter
+log-prob), the drafter's own estimate that the target agrees with the node's whole path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+
+from ..target.loading import cache_dir
+from .tree import DraftTree
+
+SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def measure_cost_curve(target, sizes=SIZES, reps: int = 5, context: int = 128) -> dict[int, float]:
+    """Median time to verify a random tree of B draft nodes, relative to B = 0 (one token)."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(target.vocab_size, (context,), generator=g).tolist()
+    target.prefill(prompt)
+    times = {}
+    for b in sizes:
+        parents = [-1] + [int(torch.randint(i, (), generator=g)) for i in range(1, b + 1)]
+        tree = DraftTree(torch.randint(target.vocab_size, (b + 1,), generator=g), torch.tensor(parents))
+        runs = []
+        for _ in range(reps + 1):  # the first run warms up
+            t0 = time.perf_counter()
+            target.verify(tree)
+            runs.append(time.perf_counter() - t0)
+            target.commit([])  # drop the tree again: every run sees the same context
+        times[b] = float(np.median(runs[1:]))
+    return {b: t / times[0] for b, t in times.items()}
+
+
+def cost_curve(target) -> dict[int, float]:
+    """The cached curve for this target and thread count, measured on first use (~10 s)."""
+    path = cache_dir() / "cost" / f"{target.name}-threads{torch.get_num_threads()}.json"
+    if path.is_file():
+        return {int(k): v for k, v in json.loads(path.read_text()).items()}
+    curve = measure_cost_curve(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(curve, indent=1))
+    return curve
+
+
+def best_budget(scores: list[float], curve: dict[int, float]) -> int:
+    """The B (0 .. len(scores)) maximising (1 + sum of the B best node probabilities) / cost(B)."""
+    sizes = np.array(sorted(curve))
+    cost = np.interp(np.arange(len(scores) + 1), sizes, [curve[b] for b in sizes])
+    gain = 1 + np.concatenate([[0.0], np.cumsum(np.exp(scores))])
+    return int(np.argmax(gain / cost))

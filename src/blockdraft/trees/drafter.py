@@ -1,0 +1,56 @@
+"""TreeDrafter: a lattice drafter whose proposals are trees built under a node budget."""
+
+from __future__ import annotations
+
+from ..drafters.base import DraftContext, Drafter
+from ..errors import BlockdraftError
+from .budget import best_budget
+from .builders import DEFAULT_STATIC_PATHS, best_first_tree, static_tree
+from .tree import DraftTree
+
+BUILDERS = ("static", "best")
+
+
+class TreeDrafter(Drafter):
+    """`builder='static'`: Medusa's fixed top-k tree; `'best'`: best-first over marginals (DDTree),
+    optionally with an n-gram prior of weight `alpha`. `budget` = draft nodes, root excluded.
+
+    With a `cost_curve` (budget 'auto', best-first only) every step builds up to the curve's
+    largest budget and keeps the best B for which the expected accepted tokens per unit of
+    verification time is highest (trees/budget.py).
+    """
+
+    def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
+                 paths=DEFAULT_STATIC_PATHS, cost_curve: dict[int, float] | None = None):
+        if builder not in BUILDERS:
+            raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
+        if cost_curve is not None:
+            if builder != "best":
+                raise BlockdraftError("budget 'auto' needs a best-first tree (its nodes come best first)")
+            budget = max(cost_curve)
+        if not isinstance(budget, int) or budget < 1:
+            raise BlockdraftError(f"the tree budget must be a positive number of nodes or 'auto', got {budget}")
+        if not 0.0 <= alpha <= 1.0:
+            raise BlockdraftError(f"the prior weight alpha must lie in [0, 1], got {alpha}")
+        if not hasattr(base, "lattice"):
+            raise BlockdraftError(f"drafter '{base.name}' has no top-k lattice to build trees from")
+        self.base, self.builder, self.budget, self.prior, self.alpha = base, builder, budget, prior, alpha
+        self.paths, self.cost_curve = paths, cost_curve
+        self.feature_layers = base.feature_layers
+
+    def reset(self, prompt_ids) -> None:
+        self.base.reset(prompt_ids)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        root = ctx.tokens[-1]
+        lattice = self.base.lattice(ctx)
+        if lattice is None:
+            return DraftTree.root_only(root)
+        if self.builder == "static":
+            return static_tree(root, lattice, self.paths, self.budget, ctx.max_depth)
+        scores: list[float] = []
+        tree = best_first_tree(root, lattice, self.budget, ctx.max_depth, self.prior, self.alpha, ctx.tokens, scores)
+        if self.cost_curve is None:
+            return tree
+        # with a prior the scores mix in n-gram log-probs: read exp(score) as a rough acceptance estimate
+        return tree.truncate(best_budget(scores, self.cost_curve) + 1)

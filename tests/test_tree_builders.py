@@ -1,0 +1,92 @@
+"""Tree builders: budget, prefix closure, the B best nodes (brute force), and lossless tree methods."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from test_refine import eos_free_target, heads_drafter, random_lattice, toy_corpus
+
+from blockdraft import NoDrafter, SpeculativeDecoder
+from blockdraft.errors import BlockdraftError
+from blockdraft.refine.ngram import NGramLM
+from blockdraft.trees.builders import best_first_tree, static_tree
+from blockdraft.trees.drafter import TreeDrafter
+
+
+def node_scores(tree, lattice, prior=None, alpha=0.0, history=()):
+    """Cumulative score of every non-root node, recomputed from its path."""
+    toks = lattice.tokens.tolist()
+    out = []
+    for i in range(1, len(tree)):
+        path = tree.tokens[tree.path_to(i)[1:]].tolist()
+        out.append(path_score(path, toks, lattice, prior, alpha, list(history)))
+    return out
+
+
+def path_score(path, toks, lattice, prior, alpha, history):
+    s = 0.0
+    for d, tok in enumerate(path):
+        j = toks[d].index(tok)
+        term = float(lattice.logp[d, j])
+        if prior is not None and alpha > 0:
+            ctx = (history + path[:d])[-(prior.order - 1):]
+            term = (1 - alpha) * term + alpha * float(prior.logprob(np.array([ctx]), np.array([tok]))[0])
+        s += term
+    return s
+
+
+@pytest.mark.parametrize("budget,alpha", [(1, 0.0), (7, 0.0), (16, 0.0), (16, 0.4), (40, 0.7)])
+def test_best_first_tree_holds_the_budget_best_prefixes(budget, alpha):
+    lattice = random_lattice(4, 3, 20, seed=budget)
+    prior = NGramLM.fit(toy_corpus(), 20, 3) if alpha else None
+    history = [1, 2]
+    tree = best_first_tree(5, lattice, budget, prior=prior, alpha=alpha, history=history)
+    assert len(tree) == min(budget, 3 + 9 + 27 + 81) + 1  # budget respected (and used)
+    assert int(tree.tokens[0]) == 5
+    assert all(0 <= p < i for i, p in enumerate(tree.parents.tolist()[1:], start=1))  # prefix-closed
+    assert len({tuple(tree.path_to(i)) for i in range(len(tree))}) == len(tree)
+    toks = lattice.tokens.tolist()
+    every = [path_score([toks[d][j] for d, j in enumerate(idx)], toks, lattice, prior, alpha, history)
+             for n in range(1, 5) for idx in itertools.product(range(3), repeat=n)]
+    best = sorted(every, reverse=True)[:budget]
+    assert sorted(node_scores(tree, lattice, prior, alpha, history), reverse=True) == pytest.approx(best)
+    mask = tree.ancestor_mask()  # the verification mask: each node sees exactly its ancestors
+    for i in range(len(tree)):
+        assert set(np.flatnonzero(mask[i].numpy())) == set(tree.path_to(i))
+
+
+def test_static_tree_follows_its_index_paths():
+    lattice = random_lattice(3, 2, 20, seed=0)
+    toks = lattice.tokens.tolist()
+    tree = static_tree(9, lattice, paths=((0,), (1,), (0, 0), (0, 1), (0, 0, 0), (5,), (0, 0, 0, 0)))
+    got = {tuple(tree.tokens[tree.path_to(i)[1:]].tolist()) for i in range(1, len(tree))}
+    want = {(toks[0][0],), (toks[0][1],), (toks[0][0], toks[1][0]), (toks[0][0], toks[1][1]),
+            (toks[0][0], toks[1][0], toks[2][0])}  # (5,) is outside the top-2, depth 4 beyond the lattice
+    assert got == want
+    assert len(static_tree(9, lattice, budget=3)) == 4
+
+
+@pytest.mark.parametrize("builder,budget,alpha", [("static", 16, 0.0), ("best", 6, 0.0), ("best", 12, 0.5)])
+def test_tree_methods_are_lossless_under_greedy(builder, budget, alpha):
+    for seed in (0, 3):
+        target = eos_free_target(seed)
+        prompt = [3, 4, 5, 6, 3, 4, 5, 7, 8, 3, 4]
+        ref = SpeculativeDecoder(target, NoDrafter()).generate(prompt, max_new_tokens=30).tokens
+        prior = NGramLM.fit([ref + prompt], 24, 3) if alpha else None
+        drafter = TreeDrafter(heads_drafter(target, seed), builder, budget, prior, alpha)
+        res = SpeculativeDecoder(target, drafter).generate(prompt, max_new_tokens=30)
+        assert res.tokens == ref
+        assert res.stats.target_calls < 30
+        assert res.stats.tree_nodes <= res.stats.target_calls * (budget + 1)
+
+
+def test_bad_tree_options_are_refused():
+    target = eos_free_target(0)
+    with pytest.raises(BlockdraftError, match="budget must be a positive"):
+        TreeDrafter(heads_drafter(target), "best", 0)
+    with pytest.raises(BlockdraftError, match="builder must be one of"):
+        TreeDrafter(heads_drafter(target), "random", 8)
+    with pytest.raises(BlockdraftError, match="no top-k lattice"):
+        TreeDrafter(NoDrafter(), "best", 8)
