@@ -38,7 +38,7 @@ def test_copying_prompt_gets_multi_token_steps(real_target):
     assert res.stats.tau > 1.5
 
 
-@pytest.mark.parametrize("method", ["bpd", "dflash"])
+@pytest.mark.parametrize("method", ["bpd", "dflash", "bpd-ngram", "bpd-neural", "medusa", "ddtree:prior=0.5"])
 def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, method):
     from blockdraft.methods import make_drafter
 
@@ -51,3 +51,15 @@ def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, method):
         calls += spec.stats.target_calls
     assert calls < 0.95 * 2 * 48  # the shipped drafter is trained: drafts do get accepted
 
+
+
+def test_refinement_beats_plain_bpd_on_a_reply(real_target):
+    """The shipped rescoring LMs help the shipped heads (replayed exactly on one greedy reply)."""
+    from blockdraft.bench.analyze import analyze_prompt
+    from blockdraft.methods import make_drafter
+
+    ids = real_target.encode(PROMPTS[2])
+    refiners = {m: make_drafter(m, real_target) for m in ("bpd-ngram", "bpd-neural")}
+    row = analyze_prompt(real_target, make_drafter("bpd", real_target, top_k=16), refiners, ids, "code", 48)
+    assert row.oracle[1] == pytest.approx(row.tau, rel=0.05)
+    assert row.replayed["bpd-ngram"] > row.tau and row.oracle[16] >= row.replayed["bpd-ngram"]

@@ -23,6 +23,7 @@ from blockdraft.refine.search import local_rescore, pbest_paths
 from blockdraft.train.neural import NeuralTrainConfig, train_neural
 from blockdraft.train.run import train_command
 from blockdraft.trees import DraftTree
+from blockdraft.trees.drafter import TreeDrafter
 from blockdraft.verify import RejectionAcceptor, SamplingParams
 
 
@@ -229,7 +230,8 @@ def test_analysis_replays_the_real_run_and_bounds_it():
     base = heads_drafter(target, 5)
     base.top_k = 16
     refiners = {"global": RescoredDrafter(heads_drafter(target, 5), lm, "global", 0.5, p=4),
-                "local": RescoredDrafter(heads_drafter(target, 5), lm, "local", 0.5)}
+                "local": RescoredDrafter(heads_drafter(target, 5), lm, "local", 0.5),
+                "tree": TreeDrafter(heads_drafter(target, 5), "best", 6, lm, 0.5)}
     row = analyze_prompt(target, base, refiners, prompt, "toy", max_new_tokens=40)
     # replaying the top-1 chain on the greedy reply reproduces the real decoding run exactly
     assert row.oracle[1] == pytest.approx(row.tau)
@@ -237,8 +239,11 @@ def test_analysis_replays_the_real_run_and_bounds_it():
     assert all(row.oracle[a] <= row.oracle[b] for a, b in zip(ks, ks[1:]))  # more choice never hurts the oracle
     assert row.oracle[16] >= max(row.replayed.values())  # no rule beats the oracle over the same lattice
     # the replayed global rescoring equals a real run with that drafter
-    real = SpeculativeDecoder(target, refiners["global"]).generate(prompt, max_new_tokens=40)
-    assert row.replayed["global"] == pytest.approx(real.stats.tau)
+    for name in ("global", "tree"):
+        fresh = {"global": RescoredDrafter(heads_drafter(target, 5), lm, "global", 0.5, p=4),
+                 "tree": TreeDrafter(heads_drafter(target, 5), "best", 6, lm, 0.5)}[name]
+        real = SpeculativeDecoder(target, fresh).generate(prompt, max_new_tokens=40)
+        assert row.replayed[name] == pytest.approx(real.stats.tau)
     assert len(row.entropy) == 3 and summarize([row])["overall"]["h_max"] == h_max(row.entropy)
     assert h_max([1.0, 2.0, 3.0, 2.5]) == 3 and h_max([2.0, 1.0]) == 1
     assert repetition([[5, 5, 5, 1], [1, 2, 3]]) == (pytest.approx(2 / 5), 2.0)

@@ -90,3 +90,26 @@ def test_bad_tree_options_are_refused():
         TreeDrafter(heads_drafter(target), "random", 8)
     with pytest.raises(BlockdraftError, match="no top-k lattice"):
         TreeDrafter(NoDrafter(), "best", 8)
+
+
+def test_auto_budget_trades_expected_gain_against_cost(tmp_path, monkeypatch):
+    from blockdraft.methods import with_budget
+    from blockdraft.trees.budget import best_budget, cost_curve
+
+    flat = {0: 1.0, 64: 1.0}  # verification is free: take every node
+    assert best_budget([-0.1] * 10, flat) == 10
+    steep = {0: 1.0, 1: 1.5, 64: 50.0}  # a weak draft (P = 0.3) is not worth 1.5x
+    assert best_budget([np.log(0.3)], steep) == 0
+    assert best_budget([np.log(0.9), np.log(0.8)], {0: 1.0, 1: 1.5, 2: 2.5}) == 1
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    target = eos_free_target(0)
+    curve = cost_curve(target)
+    assert curve[0] == 1.0 and max(curve) == 64 and curve[64] > 1.0
+    assert (tmp_path / "cost").is_dir() and cost_curve(target) == curve  # cached
+    drafter = TreeDrafter(heads_drafter(target), "best", cost_curve=curve)
+    prompt = [3, 4, 5, 6, 3, 4]
+    ref = SpeculativeDecoder(target, NoDrafter()).generate(prompt, max_new_tokens=20).tokens
+    assert SpeculativeDecoder(target, drafter).generate(prompt, max_new_tokens=20).tokens == ref
+    assert with_budget("ddtree", 32) == "ddtree:budget=32"
+    assert with_budget("ddtree:budget=8", 32) == "ddtree:budget=8"
+    assert with_budget("bpd", 32) == "bpd"

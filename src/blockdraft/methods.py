@@ -80,12 +80,12 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "medusa": (tree_method("bpd", "static"), "BPD heads, Medusa's static top-k tree (16 nodes)"),
     "bpd-tree": (tree_method("bpd", "best"), "BPD heads, best-first tree over the heads' marginals (budget 16)"),
     "ddtree": (tree_method("dflash", "best"), "block drafter, best-first tree over its marginals (DDTree, budget 16)"),
-    "bpd-ngram": (rescored("bpd", "ngram", "global", 0.3),
+    "bpd-ngram": (rescored("bpd", "ngram", "global", 0.5),
                   "BPD heads, the p best lattice paths under a 4-gram LM, verified as one tree"),
-    "bpd-neural": (rescored("bpd", "neural", "local", 0.3), "BPD heads, draft rescored left to right by a small LM"),
-    "dflash-ngram": (rescored("dflash", "ngram", "global", 0.3),
+    "bpd-neural": (rescored("bpd", "neural", "local", 0.5), "BPD heads, draft rescored left to right by a small LM"),
+    "dflash-ngram": (rescored("dflash", "ngram", "global", 0.5),
                      "block drafter, the p best lattice paths under a 4-gram LM, verified as one tree"),
-    "dflash-neural": (rescored("dflash", "neural", "local", 0.3),
+    "dflash-neural": (rescored("dflash", "neural", "local", 0.5),
                       "block drafter, draft rescored left to right by a small LM"),
 }
 

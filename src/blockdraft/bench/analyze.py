@@ -26,6 +26,7 @@ from ..errors import BlockdraftError
 from ..methods import make_drafter
 from ..refine.drafter import RescoredDrafter
 from ..refine.search import local_rescore, pbest_paths
+from ..trees.drafter import TreeDrafter
 from .questions import Question
 
 ORACLE_K = (1, 2, 4, 8, 16)
@@ -87,9 +88,15 @@ def oracle_paths(lattice: DraftLattice, truth: list[int], k: int) -> list[list[i
     return [path]
 
 
-def refined_paths(drafter: RescoredDrafter, lattice: DraftLattice, history: list[int]) -> list[list[int]]:
+def refined_paths(drafter, lattice: DraftLattice, history: list[int]) -> list[list[int]]:
+    """The drafts a rescored or tree drafter would propose from this lattice (a tree: its root-to-leaf paths)."""
     k = getattr(drafter.base, "top_k", lattice.tokens.shape[1])
     lat = DraftLattice(lattice.tokens[:, :k], lattice.logp[:, :k], lattice.entropy)
+    if isinstance(drafter, TreeDrafter):
+        drafter.base.lattice = lambda ctx: lat  # replay: hand the recorded lattice to the tree builder
+        tree = drafter.propose(DraftContext(list(history), None, max_depth=lat.depth))
+        leaves = [i for i, ch in enumerate(tree.children) if not ch]
+        return [tree.tokens[tree.path_to(i)[1:]].tolist() for i in leaves]
     if drafter.mode == "local":
         return [local_rescore(lat, history, drafter.rescorer, drafter.alpha)]
     return pbest_paths(lat, history, drafter.rescorer, drafter.alpha, drafter.p, beam=drafter.beam)[0].tolist()
@@ -138,7 +145,8 @@ def analyze_prompt(target, base, refiners: dict[str, RescoredDrafter], prompt: l
     for name, drafter in refiners.items():
         drafts = [refined_paths(drafter, lattices[i], seq[: P + i + 1]) for i in range(n)]
         replayed[name] = replay(lambda i: drafts[i], truth_at, n)
-        rep[name] = repetition([d[0] for d in drafts])
+        if isinstance(drafter, RescoredDrafter):  # a tree has no single draft to inspect
+            rep[name] = repetition([d[0] for d in drafts])
     entropy = torch.stack([lat.entropy for lat in lattices]).mean(0).tolist()
     return QuestionAnalysis(category, run.stats.tau, entropy, oracle, replayed, rep)
 
@@ -240,8 +248,8 @@ def analyze(target, questions: list[Question], drafter: str = "bpd", refiners: t
     refined = {}
     for spec in refiners:
         r = make_drafter(spec, target)
-        if not isinstance(r, RescoredDrafter):
-            raise BlockdraftError(f"'{spec}' is not a rescored method (bpd-ngram, bpd-neural, dflash-ngram, ...)")
+        if not isinstance(r, (RescoredDrafter, TreeDrafter)):
+            raise BlockdraftError(f"'{spec}' is neither a rescored nor a tree method (bpd-ngram, ddtree, ...)")
         if type(r.base) is not type(base):
             raise BlockdraftError(f"'{spec}' refines another drafter than '{drafter}'")
         refined[spec] = r
