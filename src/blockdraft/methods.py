@@ -71,6 +71,16 @@ def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Draf
     return factory
 
 
+def treeflash(target: Target, module: str | None = None, budget: int = 16, parents: int = 4, children: int = 4,
+              **options) -> Drafter:
+    """TreeFlash: the block drafter (dflash's options) + its AR-approximation module (`module=DIR`)."""
+    from .drafters.treeflash import TreeFlashDrafter
+
+    block = METHODS["dflash"][0](target, **options)
+    folder = module or shipped_checkpoint(target, "treeflash", "treeflash --init DFLASH_DIR")
+    return TreeFlashDrafter.from_pretrained(folder, target, block, budget=budget, parents=parents, children=children)
+
+
 # name -> (factory(target, **options) -> Drafter, one-line description)
 METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "ar": (lambda target, **kw: NoDrafter(), "plain autoregressive decoding through the same Target code (baseline)"),
@@ -80,6 +90,7 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "medusa": (tree_method("bpd", "static"), "BPD heads, Medusa's static top-k tree (16 nodes)"),
     "bpd-tree": (tree_method("bpd", "best"), "BPD heads, best-first tree over the heads' marginals (budget 16)"),
     "ddtree": (tree_method("dflash", "best"), "block drafter, best-first tree over its marginals (DDTree, budget 16)"),
+    "treeflash": (treeflash, "block drafter + AR-approximation module, best-first tree over transition tables"),
     "bpd-ngram": (rescored("bpd", "ngram", "global", 0.5),
                   "BPD heads, the p best lattice paths under a 4-gram LM, verified as one tree"),
     "bpd-neural": (rescored("bpd", "neural", "local", 0.5), "BPD heads, draft rescored left to right by a small LM"),
@@ -90,7 +101,7 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
 }
 
 
-TREE_METHODS = ("medusa", "bpd-tree", "ddtree")
+TREE_METHODS = ("medusa", "bpd-tree", "ddtree", "treeflash")
 
 
 def with_budget(spec: str, budget: str | int | None) -> str:

@@ -265,6 +265,7 @@ class BlockDrafter(Drafter):
         x = self.model.block_inputs(self.embed[root][None], last[None])[0].to(self.model.fc.weight.dtype)
         pos = torch.arange(self.n_ctx, self.n_ctx + g)
         h = self.model(x, pos, self.ctx_kv)
+        self.last_hidden = h[1:]  # the block's states per depth, for TreeFlash's AR approximation
         return DraftLattice.from_logits(self.lm_head(h[1:]), self.top_k, self.lm_head.vocab)
 
     def lattice(self, ctx: DraftContext) -> DraftLattice | None:

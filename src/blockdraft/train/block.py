@@ -52,6 +52,11 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
 
 def block_forward(model: BlockModel, embed: torch.Tensor, lm_head: FrozenLMHead, feats, roots, pos, allowed):
     """Logits [A, gamma-1, V'] of every anchor block of one sequence."""
+    return lm_head(block_hidden(model, embed, feats, roots, pos, allowed))
+
+
+def block_hidden(model: BlockModel, embed: torch.Tensor, feats, roots, pos, allowed):
+    """Final states [A, gamma-1, H] of the drafted positions of every anchor block of one sequence."""
     g = pos.shape[1]
     ctx_h = model.project(feats)
     anchors = pos[:, 0]
@@ -59,7 +64,7 @@ def block_forward(model: BlockModel, embed: torch.Tensor, lm_head: FrozenLMHead,
     x = model.block_inputs(embed[roots], last)
     ctx = model.context(ctx_h, torch.arange(len(feats)))
     h = model(x.reshape(-1, x.shape[-1]), pos.reshape(-1), ctx, allowed)
-    return lm_head(h.view(len(roots), g, -1)[:, 1:])
+    return h.view(len(roots), g, -1)[:, 1:]
 
 
 def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Generator) -> np.ndarray:

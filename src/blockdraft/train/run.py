@@ -13,6 +13,7 @@ from .features import build_store
 from .heads import HeadsTrainConfig, train_heads
 from .neural import NeuralTrainConfig, train_neural
 from .ngram import NGramTrainConfig, train_ngram
+from .treeflash import TreeFlashTrainConfig, train_treeflash
 
 # --drafter -> (its options, its training function); all but ngram train from the feature store
 DRAFTERS = {
@@ -20,6 +21,7 @@ DRAFTERS = {
     "block": (BlockTrainConfig, train_block),
     "neural": (NeuralTrainConfig, train_neural),
     "ngram": (NGramTrainConfig, train_ngram),
+    "treeflash": (TreeFlashTrainConfig, train_treeflash),
 }
 
 

@@ -93,3 +93,45 @@ def best_first_tree(root: int, lattice: DraftLattice, budget: int, max_depth: in
             scores.append(-neg)
         push_children(node, -neg)
     return DraftTree(np.asarray(tokens), np.asarray(parents))
+
+
+def best_first_transition_tree(root: int, lattice: DraftLattice, parents, tokens, logp, budget: int,
+                               max_depth: int | None = None) -> DraftTree:
+    """Best-first over transition tables (TreeFlash): a node at depth d whose token is one of the
+    table's parents for depth d+1 gets that parent's top-K children and log-probs; any other node
+    falls back to the marginal top-k of depth d+1. parents [D, M], tokens/logp [D, M, K]."""
+    depth = lattice.depth if max_depth is None else min(max_depth, lattice.depth)
+    if budget <= 0 or depth <= 0:
+        return DraftTree.root_only(root)
+    par = parents.tolist()
+    tok, lp = tokens.numpy(), logp.float().numpy()
+    marg_tok, marg_lp = lattice.tokens.numpy(), lattice.logp.float().numpy()
+
+    def children(token: int, d: int):
+        """Candidate children at depth d of a node holding `token` at depth d-1 (the root at d = 0)."""
+        if token in par[d]:
+            m = par[d].index(token)
+            return tok[d, m], lp[d, m]
+        return marg_tok[d], marg_lp[d]
+
+    out_tokens, out_parents, node_depth = [root], [-1], [0]
+    heap: list[tuple[float, int, int, int]] = []
+    counter = 0
+
+    def push(node: int, score: float) -> None:
+        nonlocal counter
+        d = node_depth[node]
+        if d >= depth:
+            return
+        for t, s in zip(*children(out_tokens[node], d)):
+            heapq.heappush(heap, (-(score + float(s)), counter, node, int(t)))
+            counter += 1
+
+    push(0, 0.0)
+    while heap and len(out_tokens) <= budget:
+        neg, _, parent, t = heapq.heappop(heap)
+        out_tokens.append(t)
+        out_parents.append(parent)
+        node_depth.append(node_depth[parent] + 1)
+        push(len(out_tokens) - 1, -neg)
+    return DraftTree(np.asarray(out_tokens), np.asarray(out_parents))

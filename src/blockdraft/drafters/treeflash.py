@@ -1,0 +1,108 @@
+"""TreeFlash: an AR-approximation module that makes a one-shot block drafter's depths parent-conditioned.
+
+A block drafter gives each depth a *marginal* distribution: depth d does not know which token
+was drafted at depth d-1. TreeFlash adds one small module per step,
+    h'_d = h_d + SwiGLU([RMSNorm(emb(parent)); RMSNorm(h_d)])     (output projection zero-initialised)
+read through the target's LM head, so that depth d's distribution is conditioned on a candidate
+parent token. Drafting stays two passes, independent of depth: the block drafter once (marginals
+-> the top-M parents per depth), then the module once over all M x (gamma-1) (parent, depth)
+pairs (-> top-K children per parent: the transition tables). The tree builder then grows the
+tree best-first over these tables. At initialisation the module is the identity, i.e. exactly
+the block drafter's marginals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..trees import DraftTree
+from ..trees.builders import best_first_transition_tree
+from .base import DraftContext, Drafter
+from .block import BlockDrafter
+from .checkpoint import load_checkpoint, load_weights, save_drafter
+
+
+@dataclass
+class ARApproxConfig:
+    hidden_size: int
+    inner_size: int = 1152
+    rms_eps: float = 1e-5
+    block_drafter: str = ""  # the block drafter checkpoint it was trained on (for the record)
+    draft_vocab: int = 0
+    training: dict = field(default_factory=dict)
+
+
+class ARApproxModule(nn.Module):
+    """h + SwiGLU([RMSNorm(emb(parent)); RMSNorm(h)]); the down projection starts at zero (identity)."""
+
+    def __init__(self, c: ARApproxConfig):
+        super().__init__()
+        self.config = c
+        h = c.hidden_size
+        self.norm_parent = nn.RMSNorm(h, eps=c.rms_eps)
+        self.norm_state = nn.RMSNorm(h, eps=c.rms_eps)
+        self.gate = nn.Linear(2 * h, c.inner_size, bias=False)
+        self.up = nn.Linear(2 * h, c.inner_size, bias=False)
+        self.down = nn.Linear(c.inner_size, h, bias=False)
+        nn.init.zeros_(self.down.weight)
+
+    def forward(self, h: torch.Tensor, parent_emb: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.norm_parent(parent_emb), self.norm_state(h)], -1)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class TreeFlashDrafter(Drafter):
+    """Block drafter + AR module: best-first trees over parent-conditioned transition tables."""
+
+    name = "treeflash"
+    kind = "arapprox"
+
+    def __init__(self, block: BlockDrafter, module: ARApproxModule, budget: int = 16, parents: int = 4,
+                 children: int = 4):
+        self.block, self.module = block, module.eval()
+        self.budget, self.parents, self.children = budget, parents, children
+        self.feature_layers = block.feature_layers
+        self.last_lattice = None
+
+    @classmethod
+    def from_pretrained(cls, folder, target, block: BlockDrafter, **kw) -> "TreeFlashDrafter":
+        config, state = load_checkpoint(folder, cls.kind, target)
+        state.pop("draft_vocab", None)  # the block drafter's, recorded for the check below
+        cfg = ARApproxConfig(**{k: v for k, v in config.items() if k in ARApproxConfig.__dataclass_fields__})
+        module = ARApproxModule(cfg)
+        load_weights(module, state, folder)
+        return cls(block, module, **kw)
+
+    def save_pretrained(self, folder, target) -> None:
+        save_drafter(folder, self.kind, self.module, self.block.lm_head, target)
+
+    def reset(self, prompt_ids) -> None:
+        self.block.reset(prompt_ids)
+
+    def lattice(self, ctx: DraftContext):
+        return self.block.lattice(ctx)
+
+    @torch.inference_mode()
+    def transitions(self, root: int, lattice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(parents [D, M], child tokens [D, M, K], child log-probs [D, M, K]); depth 0's only parent is the root."""
+        D = lattice.depth
+        M = min(self.parents, lattice.tokens.shape[1])
+        parents = torch.cat([torch.full((1, M), root), lattice.tokens[: D - 1, :M]])  # [D, M]
+        h = self.block.last_hidden[:D]  # [D, H]
+        states = self.module(h[:, None].expand(D, M, -1), self.block.embed[parents].to(h.dtype))
+        logp = torch.log_softmax(self.block.lm_head(states).float(), -1)
+        top = logp.topk(self.children, -1)
+        return parents, self.block.lm_head.to_target_ids(top.indices), top.values
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        root = ctx.tokens[-1]
+        lattice = self.lattice(ctx)
+        self.last_lattice = lattice
+        if lattice is None:
+            return DraftTree.root_only(root)
+        parents, tokens, logp = self.transitions(root, lattice)
+        return best_first_transition_tree(root, lattice, parents, tokens, logp, self.budget, ctx.max_depth)
