@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from blockdraft.drafters import BlockDrafter, HeadsDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.methods import make_drafter
 from blockdraft.train.block import BlockTrainConfig, block_batch, block_forward, pick_anchors, train_block
-from blockdraft.train.features import build_store
 from blockdraft.train.heads import HeadsTrainConfig, train_heads
 
 

@@ -209,7 +209,7 @@ def cmd_analyze(args) -> int:
     target = load_target(args.target)
     out = args.out or f"runs/analyze-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     command = "blockdraft analyze " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blockdraft analyze"
-    summary = analyze(target, questions, args.drafter, refiners, args.max_new_tokens, out, command)
+    analyze(target, questions, args.drafter, refiners, args.max_new_tokens, out, command)
     print((Path(out) / "report.md").read_text())
     print(f"wrote {out}/report.md, analysis.json, entropy.png, oracle.png")
     return 0

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import BlockdraftError
-from .sharegpt import load_conversations, sharegpt_path, split_conversations
+from .sharegpt import data_path, load_conversations, split_conversations
 
 
 def first_prompts(records, tokenizer, max_prompt_tokens: int) -> list[tuple[str, str, list[int]]]:
@@ -48,7 +48,7 @@ def regenerate(target, out: str | Path, max_tokens: int = 200_000, max_new_token
         raise BlockdraftError("self-distillation needs a target with a tokenizer and a chat template")
     if max_tokens < 1 or max_new_tokens < 1 or batch_size < 1:
         raise BlockdraftError("max_tokens, max_new_tokens and batch_size must be positive")
-    path = str(sharegpt_path()) if data == "sharegpt" else data
+    path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
     tok = target.tokenizer
     # a share of held-out prompts too, so that training can validate on the target's own replies

@@ -26,6 +26,14 @@ def sharegpt_path() -> Path:
     return path
 
 
+def data_path(data: str) -> str:
+    """'sharegpt' (the package's file) or a ShareGPT-format JSON file, checked to exist."""
+    path = str(sharegpt_path()) if data == "sharegpt" else data
+    if not Path(path).is_file():
+        raise BlockdraftError(f"training data '{data}' not found: use 'sharegpt' or a ShareGPT-format JSON file")
+    return path
+
+
 @lru_cache(maxsize=2)
 def load_conversations(path: str | None = None) -> tuple[dict, ...]:
     """Every complete record of the JSON array; an incomplete last record is dropped."""

@@ -35,3 +35,20 @@ class Drafter:
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         raise NotImplementedError
+
+
+class LatticeDrafter(Drafter):
+    """A drafter with a top-k lattice per step; on its own it proposes the chain of top-1 tokens.
+
+    Trees (trees/drafter.py) and refiners (refine/drafter.py) wrap it and read `lattice()` instead.
+    """
+
+    def lattice(self, ctx: DraftContext):
+        """This step's DraftLattice, or None when there is nothing to draft."""
+        raise NotImplementedError
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        lattice = self.lattice(ctx)
+        if lattice is None:
+            return DraftTree.root_only(ctx.tokens[-1])
+        return DraftTree.chain(ctx.tokens[-1], lattice.best()[: ctx.max_depth])

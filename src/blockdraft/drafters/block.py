@@ -18,8 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import BlockdraftError
-from ..trees import DraftTree
-from .base import DraftContext, Drafter
+from .base import DraftContext, LatticeDrafter
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .lattice import DraftLattice
 from .layers import FrozenLMHead
@@ -194,7 +193,7 @@ class BlockModel(nn.Module):
         return self.norm(x)
 
 
-class BlockDrafter(Drafter):
+class BlockDrafter(LatticeDrafter):
     """Drafts gamma-1 tokens per step with one BlockModel pass; proposes the chain of top-1 tokens."""
 
     name = "dflash"
@@ -280,9 +279,3 @@ class BlockDrafter(Drafter):
         self.last_lattice = DraftLattice(lattice.tokens[: self.depth], lattice.logp[: self.depth],
                                          lattice.entropy[: self.depth])
         return self.last_lattice
-
-    def propose(self, ctx: DraftContext) -> DraftTree:
-        lattice = self.lattice(ctx)
-        if lattice is None:
-            return DraftTree.root_only(ctx.tokens[-1])
-        return DraftTree.chain(ctx.tokens[-1], lattice.best()[: ctx.max_depth])

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import BlockdraftError
-from ..trees import DraftTree
-from .base import DraftContext, Drafter
+from .base import DraftContext, LatticeDrafter
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .lattice import DraftLattice
 from .layers import FrozenLMHead, ResidualFFN
@@ -46,7 +45,7 @@ class HeadsModel(nn.Module):
         return torch.stack([head(h) for head in self.heads], dim=-2)
 
 
-class HeadsDrafter(Drafter):
+class HeadsDrafter(LatticeDrafter):
     """Chain drafter: the top-1 token of every head (the lattice keeps the top-k for refiners)."""
 
     name = "bpd"
@@ -84,9 +83,3 @@ class HeadsDrafter(Drafter):
             return None  # e.g. a one-token prompt
         self.last_lattice = self.draft_lattice(ctx.features[-1])
         return self.last_lattice
-
-    def propose(self, ctx: DraftContext) -> DraftTree:
-        lattice = self.lattice(ctx)
-        if lattice is None:
-            return DraftTree.root_only(ctx.tokens[-1])
-        return DraftTree.chain(ctx.tokens[-1], lattice.best()[: ctx.max_depth])

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..drafters.layers import FrozenLMHead
 from ..refine.neural import NeuralLM, NeuralLMConfig, NeuralRescorer
 from .common import DraftMetrics, Teacher, Trainer, distill_loss, draft_vocabulary
 from .features import FeatureStore

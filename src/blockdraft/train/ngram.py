@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..data.sharegpt import load_conversations, sharegpt_path, split_conversations
+from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..drafters.checkpoint import target_signature
 from ..errors import BlockdraftError
 from ..refine.ngram import NGramLM
@@ -63,9 +63,7 @@ def train_ngram(target, out, data: str = "sharegpt", order: int = 4, max_tokens:
         raise BlockdraftError("the n-gram LM is trained on text: the target needs a tokenizer")
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
-    path = str(sharegpt_path()) if data == "sharegpt" else data
-    if not Path(path).is_file():
-        raise BlockdraftError(f"training data '{data}' not found: use 'sharegpt' or a ShareGPT-format JSON file")
+    path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
     t0 = time.time()
     seqs, _ = token_sequences(target, train, max_tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..data.sharegpt import load_conversations, sharegpt_path, split_conversations
+from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..errors import BlockdraftError
 from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
@@ -37,9 +37,7 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
     held out by id (see data.sharegpt.split_conversations); Spec-Bench is never used for training."""
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
-    path = str(sharegpt_path()) if data == "sharegpt" else data
-    if not Path(path).is_file():
-        raise BlockdraftError(f"training data '{data}' not found: use 'sharegpt' or a ShareGPT-format JSON file")
+    path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
     train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens)
     valid_dir = train_dir.parent / (train_dir.name + "-valid") if store else store_folder(
