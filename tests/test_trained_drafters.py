@@ -180,3 +180,9 @@ def test_treeflash_module_starts_as_identity_trains_and_stays_lossless(tiny, sto
     res = SpeculativeDecoder(tiny, again).generate(ids, 24)
     assert res.tokens == ar.tokens
     assert res.stats.tree_nodes > res.stats.target_calls  # real trees were verified
+    from blockdraft.bench.analyze import analyze_prompt
+
+    base = BlockDrafter.from_pretrained(root / "block", tiny, top_k=16)
+    fresh = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, BlockDrafter.from_pretrained(root / "block", tiny))
+    row = analyze_prompt(tiny, base, {"treeflash": fresh}, ids, "toy", 24)
+    assert row.replayed["treeflash"] == pytest.approx(res.stats.tau)  # the replay is exact for trees too

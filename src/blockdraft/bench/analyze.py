@@ -26,6 +26,7 @@ from ..errors import BlockdraftError
 from ..methods import make_drafter
 from ..refine.drafter import RescoredDrafter
 from ..refine.search import local_rescore, pbest_paths
+from ..drafters.treeflash import TreeFlashDrafter
 from ..trees.drafter import TreeDrafter
 from .questions import Question
 
@@ -42,18 +43,20 @@ class QuestionAnalysis:
     repetition: dict[str, tuple[float, float]] = field(default_factory=dict)  # draft -> (identical share, run)
 
 
-def teacher_forced_lattices(target, drafter, prompt: list[int], reply: list[int]) -> list[DraftLattice]:
-    """The drafter's lattice at every root position of prompt + reply (index i: root = reply position i-1)."""
+def teacher_forced_lattices(target, drafter, prompt: list[int], reply: list[int]):
+    """The drafter's lattice at every root position of prompt + reply (index i: root = reply position i-1),
+    and the block drafter's per-depth states there (None for other drafters), which TreeFlash reads."""
     seq = prompt + reply
     target.feature_layers = drafter.feature_layers
     feats = target.prefill(seq[:-1])
     drafter.reset(prompt)
-    lattices, prev = [], 0
+    lattices, hidden, prev = [], [], 0
     for t in range(len(prompt) - 1, len(seq) - 1):
         f = feats[prev:t] if feats is not None else None
         prev = t
         lattices.append(drafter.lattice(DraftContext(seq[: t + 1], f, max_depth=1 << 20)))
-    return lattices
+        hidden.append(getattr(drafter, "last_hidden", None))
+    return lattices, hidden
 
 
 def accepted_length(paths: list[list[int]], truth: list[int]) -> int:
@@ -88,12 +91,15 @@ def oracle_paths(lattice: DraftLattice, truth: list[int], k: int) -> list[list[i
     return [path]
 
 
-def refined_paths(drafter, lattice: DraftLattice, history: list[int]) -> list[list[int]]:
+def refined_paths(drafter, lattice: DraftLattice, history: list[int], hidden=None) -> list[list[int]]:
     """The drafts a rescored or tree drafter would propose from this lattice (a tree: its root-to-leaf paths)."""
-    k = getattr(drafter.base, "top_k", lattice.tokens.shape[1])
+    base = drafter.block if isinstance(drafter, TreeFlashDrafter) else drafter.base
+    k = getattr(base, "top_k", lattice.tokens.shape[1])
     lat = DraftLattice(lattice.tokens[:, :k], lattice.logp[:, :k], lattice.entropy)
-    if isinstance(drafter, TreeDrafter):
-        drafter.base.lattice = lambda ctx: lat  # replay: hand the recorded lattice to the tree builder
+    if isinstance(drafter, (TreeDrafter, TreeFlashDrafter)):
+        # replay: hand the recorded lattice (and block states) to the drafter's tree builder
+        base.lattice = lambda ctx: lat
+        base.last_hidden = hidden
         tree = drafter.propose(DraftContext(list(history), None, max_depth=lat.depth))
         leaves = [i for i, ch in enumerate(tree.children) if not ch]
         return [tree.tokens[tree.path_to(i)[1:]].tolist() for i in leaves]
@@ -132,7 +138,7 @@ def analyze_prompt(target, base, refiners: dict[str, RescoredDrafter], prompt: l
     reply = run.tokens
     if len(reply) < 2:
         return None
-    lattices = teacher_forced_lattices(target, base, prompt, reply)
+    lattices, hidden = teacher_forced_lattices(target, base, prompt, reply)
     seq = prompt + reply
     P = len(prompt) - 1  # root index of lattice 0 in seq
 
@@ -143,7 +149,7 @@ def analyze_prompt(target, base, refiners: dict[str, RescoredDrafter], prompt: l
     oracle = {k: replay(lambda i, k=k: oracle_paths(lattices[i], truth_at(i), k), truth_at, n) for k in ORACLE_K}
     replayed, rep = {}, {"top-1": repetition([lat.best().tolist() for lat in lattices])}
     for name, drafter in refiners.items():
-        drafts = [refined_paths(drafter, lattices[i], seq[: P + i + 1]) for i in range(n)]
+        drafts = [refined_paths(drafter, lattices[i], seq[: P + i + 1], hidden[i]) for i in range(n)]
         replayed[name] = replay(lambda i: drafts[i], truth_at, n)
         if isinstance(drafter, RescoredDrafter):  # a tree has no single draft to inspect
             rep[name] = repetition([d[0] for d in drafts])
@@ -248,9 +254,9 @@ def analyze(target, questions: list[Question], drafter: str = "bpd", refiners: t
     refined = {}
     for spec in refiners:
         r = make_drafter(spec, target)
-        if not isinstance(r, (RescoredDrafter, TreeDrafter)):
+        if not isinstance(r, (RescoredDrafter, TreeDrafter, TreeFlashDrafter)):
             raise BlockdraftError(f"'{spec}' is neither a rescored nor a tree method (bpd-ngram, ddtree, ...)")
-        if type(r.base) is not type(base):
+        if type(r.block if isinstance(r, TreeFlashDrafter) else r.base) is not type(base):
             raise BlockdraftError(f"'{spec}' refines another drafter than '{drafter}'")
         refined[spec] = r
     rows = [analyze_prompt(target, base, refined, target.encode(q.turns[0]), q.category, max_new_tokens)
