@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--min-count", type=int, default=None,
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
     t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
-    t.add_argument("--init", default=None, help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter to build on")
+    t.add_argument("--init", default=None,
+                   help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter to build on")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -29,6 +29,7 @@ from ..refine.search import local_rescore, pbest_paths
 from ..drafters.treeflash import TreeFlashDrafter
 from ..trees.drafter import TreeDrafter
 from .questions import Question
+from .report import _finish
 
 ORACLE_K = (1, 2, 4, 8, 16)
 
@@ -215,18 +216,12 @@ def plots(summary: dict, folder: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for c, s in summary.items():
         ax.plot(range(1, len(s["entropy"]) + 1), s["entropy"], marker="o", lw=2.5 if c == "overall" else 1, label=c)
     ax.set_xlabel("head / depth")
     ax.set_ylabel("mean entropy (nats)")
-    ax.legend(fontsize=6)
-    ax.set_title("Draft entropy per depth")
-    fig.tight_layout()
-    fig.savefig(folder / "entropy.png", dpi=120)
-    paths.append(folder / "entropy.png")
-    plt.close(fig)
+    paths = [_finish(fig, ax, "Draft entropy per depth", folder / "entropy.png")]
 
     s = summary["overall"]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -237,12 +232,7 @@ def plots(summary: dict, folder: Path) -> list[Path]:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
     ax.set_ylabel("block efficiency")
-    ax.legend(fontsize=7)
-    ax.set_title("Oracle top-k headroom")
-    fig.tight_layout()
-    fig.savefig(folder / "oracle.png", dpi=120)
-    paths.append(folder / "oracle.png")
-    plt.close(fig)
+    paths.append(_finish(fig, ax, "Oracle top-k headroom", folder / "oracle.png"))
     return paths
 
 

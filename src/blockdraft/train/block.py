@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +99,6 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                       evaluate=evaluate)
     anchors_seen = 0
     model.train()
-    t0 = time.time()
     going = trainer.step_no < steps
     while going:
         order = rng.permutation(len(seqs))
@@ -121,9 +119,7 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 break
     trainer.close()
     model.eval()
-    model_cfg.training = {"command_config": vars(cfg), "minutes": round(trainer.budget.spent / 60, 1),
-                          "steps": trainer.step_no, "train_tokens": store.meta["n_tokens"],
-                          "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
+    model_cfg.training = trainer.record(cfg, store)
     if valid is not None:
         metrics = evaluate_block(drafter, valid, cols)
         model_cfg.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],

@@ -166,6 +166,13 @@ class Trainer:
         # evaluate() -> DraftMetrics on a held-out sample, logged every few minutes: the curve of
         # draft quality against training steps shows whether a longer run would pay off.
         self.evaluate, self.eval_every, self.last_eval = evaluate, eval_every_minutes * 60, time.time()
+        self.started = time.time()
+
+    def record(self, cfg, store) -> dict:
+        """How the checkpoint was made, for its config.json: options, time, steps, data size."""
+        return {"command_config": vars(cfg), "minutes": round(self.budget.spent / 60, 1), "steps": self.step_no,
+                "train_tokens": store.meta["n_tokens"],
+                "wall_minutes_this_run": round((time.time() - self.started) / 60, 1)}
 
     @property
     def fraction(self) -> float:

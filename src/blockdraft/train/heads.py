@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +75,6 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     evaluate = (lambda: evaluate_heads(drafter, valid, limit=4096)) if valid is not None else None
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="BPD heads", evaluate=evaluate)
     model.train()
-    t0 = time.time()
     going = trainer.step_no < steps
     while going:
         order = rng.permutation(positions.candidates)
@@ -90,10 +88,7 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 break
     trainer.close()
     model.eval()
-    model.config.training = {**model.config.training, "command_config": vars(cfg),
-                             "minutes": round(trainer.budget.spent / 60, 1),
-                             "steps": trainer.step_no, "train_tokens": store.meta["n_tokens"],
-                             "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
+    model.config.training = {**model.config.training, **trainer.record(cfg, store)}
     if valid is not None:
         metrics = evaluate_heads(drafter, valid)
         model.config.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],

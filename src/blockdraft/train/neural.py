@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +60,6 @@ def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, c
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="neural rescorer",
                       evaluate=evaluate)
     model.train()
-    t0 = time.time()
     going = trainer.step_no < steps
     while going:
         order = rng.permutation(starts)
@@ -73,9 +71,7 @@ def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, c
                 break
     trainer.close()
     model.eval()
-    model.config.training = {"command_config": vars(cfg), "minutes": round(trainer.budget.spent / 60, 1),
-                             "steps": trainer.step_no, "train_tokens": store.meta["n_tokens"],
-                             "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
+    model.config.training = trainer.record(cfg, store)
     if valid is not None:
         metrics = evaluate_neural(rescorer, valid)
         model.config.training.update(valid_top1=round(metrics.accuracy[0], 4))

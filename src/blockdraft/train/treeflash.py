@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +58,6 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
     trainer = Trainer(module, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="TreeFlash module",
                       evaluate=evaluate)
     module.train()
-    t0 = time.time()
     going = trainer.step_no < steps
     while going:
         for j in rng.permutation(len(seqs)):
@@ -75,8 +73,7 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
                 break
     trainer.close()
     module.eval()
-    module.config.training = {"command_config": vars(cfg), "minutes": round(trainer.budget.spent / 60, 1),
-                              "steps": trainer.step_no, "wall_minutes_this_run": round((time.time() - t0) / 60, 1)}
+    module.config.training = trainer.record(cfg, store)
     if valid is not None:
         metrics = evaluate_treeflash(drafter, valid)
         module.config.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy])
