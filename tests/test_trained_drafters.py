@@ -157,32 +157,50 @@ def test_train_command_rejects_bad_options(tmp_path, capsys):
     assert "no saved training state" in capsys.readouterr().err
 
 
-def test_treeflash_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, trained, tmp_path):
+@pytest.mark.parametrize("kind", ["block", "heads"])  # TreeFlash, and the Hydra-like module on BPD heads
+def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, trained, tmp_path, kind):
     from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
     from blockdraft.train.treeflash import TreeFlashTrainConfig, evaluate_treeflash, train_treeflash
 
-    root, _, block = trained
+    root, heads, block = trained
+    cls, base = {"block": (BlockDrafter, block), "heads": (HeadsDrafter, heads)}[kind]
     train, valid = stores
-    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16))
+    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind=kind))
     h, parent = torch.randn(5, tiny.hidden_size), torch.randn(5, tiny.hidden_size)
-    assert torch.equal(module(h, parent), h)  # zero-initialised output: the block drafter's marginals
-    before = evaluate_treeflash(TreeFlashDrafter(block, module), valid)
+    assert torch.equal(module(h, parent), h)  # zero-initialised output: the base drafter's marginals
+    before = evaluate_treeflash(TreeFlashDrafter(base, module), valid)
     drafter = train_treeflash(tiny, train, valid, tmp_path / "tf",
-                              TreeFlashTrainConfig(init=str(root / "block"), inner_size=32, epochs=4, lr=3e-3,
-                                                   anchors_per_seq=12))
+                              TreeFlashTrainConfig(init=str(root / kind), inner_size=32, epochs=4, lr=3e-3,
+                                                   anchors_per_seq=12, batch=64))
     losses = logged_losses(tmp_path / "tf")
     assert losses[-1] < losses[0]
     after = evaluate_treeflash(drafter, valid)
     assert sum(after.accuracy[1:]) > sum(before.accuracy[1:])  # the true parent helps the later depths
-    again = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, BlockDrafter.from_pretrained(root / "block", tiny))
+    again = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, cls.from_pretrained(root / kind, tiny))
     ids = tiny.encode("tell me more now")
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
     res = SpeculativeDecoder(tiny, again).generate(ids, 24)
     assert res.tokens == ar.tokens
     assert res.stats.tree_nodes > res.stats.target_calls  # real trees were verified
-    from blockdraft.bench.analyze import analyze_prompt
+    from blockdraft.bench.analyze import analyze_prompt, teacher_forced_lattices
 
-    base = BlockDrafter.from_pretrained(root / "block", tiny, top_k=16)
-    fresh = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, BlockDrafter.from_pretrained(root / "block", tiny))
-    row = analyze_prompt(tiny, base, {"treeflash": fresh}, ids, "toy", 24)
-    assert row.replayed["treeflash"] == pytest.approx(res.stats.tau)  # the replay is exact for trees too
+    lattices, hidden = teacher_forced_lattices(tiny, again.base, ids, res.tokens)
+    lat, again.base.last_hidden = lattices[3], hidden[3]  # the transition tables of one step:
+    parents, kids, _ = again.transitions(7, lat)  # depth 0's only parent is the root
+    assert parents[0].eq(7).all() and torch.equal(parents[1:], lat.tokens[:-1, :4])
+    assert any(not torch.equal(kids[d, 0], kids[d, 1]) for d in range(1, lat.depth))  # parent-conditioned
+    untrained = TreeFlashDrafter(again.base, ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind=kind)))
+    _, kids, _ = untrained.transitions(7, lat)  # the identity module: every parent's children = the marginals
+    assert all(torch.equal(kids[d, m], lat.tokens[d, :4]) for d in range(lat.depth) for m in range(4))
+    costly = TreeFlashDrafter(again.base, again.module, cost_curve={0: 1.0, 1: 100.0, 64: 1e4})  # budget auto
+    res = SpeculativeDecoder(tiny, costly).generate(ids, 24)
+    assert res.tokens == ar.tokens and res.stats.tree_nodes == res.stats.target_calls  # nothing worth drafting
+    res = SpeculativeDecoder(tiny, again).generate(ids, 24)
+    other = {"block": (HeadsDrafter, "heads"), "heads": (BlockDrafter, "block")}[kind]
+    with pytest.raises(BlockdraftError, match=f"trained on a '{kind}' drafter"):
+        TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, other[0].from_pretrained(root / other[1], tiny))
+
+    base = cls.from_pretrained(root / kind, tiny, top_k=16)
+    fresh = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, cls.from_pretrained(root / kind, tiny))
+    row = analyze_prompt(tiny, base, {"tree": fresh}, ids, "toy", 24)
+    assert row.replayed["tree"] == pytest.approx(res.stats.tau)  # the replay is exact for trees too

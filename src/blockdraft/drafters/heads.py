@@ -51,8 +51,11 @@ class HeadsDrafter(LatticeDrafter):
     name = "bpd"
     kind = "heads"
 
-    def __init__(self, model: HeadsModel, lm_head: FrozenLMHead, top_k: int = 8, num_heads: int | None = None):
+    def __init__(self, model: HeadsModel, lm_head: FrozenLMHead, top_k: int = 8, num_heads: int | None = None,
+                 embed: torch.Tensor | None = None):
         self.model = model.eval()
+        self.embed = embed  # the target's input embeddings: what a parent-conditioned (Hydra-like) module reads
+        self.last_hidden: torch.Tensor | None = None  # the heads' states of the last lattice [heads, H]
         self.config = model.config
         self.lm_head = lm_head
         self.top_k = top_k
@@ -67,7 +70,8 @@ class HeadsDrafter(LatticeDrafter):
         cfg = HeadsConfig(**{k: v for k, v in config.items() if k in HeadsConfig.__dataclass_fields__})
         model = HeadsModel(cfg)
         load_weights(model, state, folder)
-        return cls(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab), **kw)
+        head = FrozenLMHead(target.model.get_output_embeddings().weight, vocab)
+        return cls(model, head, embed=target.model.get_input_embeddings().weight.detach(), **kw)
 
     def save_pretrained(self, folder, target) -> None:
         save_drafter(folder, self.kind, self.model, self.lm_head, target)
@@ -75,6 +79,7 @@ class HeadsDrafter(LatticeDrafter):
     @torch.inference_mode()
     def draft_lattice(self, h: torch.Tensor) -> DraftLattice:
         states = self.model(h.to(self.lm_head.weight.dtype))[: self.num_heads]
+        self.last_hidden = states
         return DraftLattice.from_logits(self.lm_head(states), self.top_k, self.lm_head.vocab)
 
     def lattice(self, ctx: DraftContext) -> DraftLattice | None:

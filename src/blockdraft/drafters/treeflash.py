@@ -9,6 +9,9 @@ parent token. Drafting stays two passes, independent of depth: the block drafter
 pairs (-> top-K children per parent: the transition tables). The tree builder then grows the
 tree best-first over these tables. At initialisation the module is the identity, i.e. exactly
 the block drafter's marginals.
+
+The same module on top of BPD heads (their per-head states instead of the block's per-depth
+states) makes the heads parent-conditioned, like Hydra's sequential heads: method `hydra`.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..trees import DraftTree
+from ..trees.budget import best_budget
 from ..trees.builders import best_first_transition_tree
-from .base import DraftContext, Drafter
-from .block import BlockDrafter
+from .base import DraftContext, Drafter, LatticeDrafter
+from ..errors import BlockdraftError
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 
 
@@ -31,7 +35,8 @@ class ARApproxConfig:
     hidden_size: int
     inner_size: int = 1152
     rms_eps: float = 1e-5
-    block_drafter: str = ""  # the block drafter checkpoint it was trained on (for the record)
+    block_drafter: str = ""  # the base drafter checkpoint it was trained on (for the record)
+    base_kind: str = "block"  # the base drafter's checkpoint kind: "block" (TreeFlash) or "heads" (Hydra-like)
     draft_vocab: int = 0
     training: dict = field(default_factory=dict)
 
@@ -56,35 +61,48 @@ class ARApproxModule(nn.Module):
 
 
 class TreeFlashDrafter(Drafter):
-    """Block drafter + AR module: best-first trees over parent-conditioned transition tables."""
+    """Base drafter + AR module: best-first trees over parent-conditioned transition tables.
+
+    The base is a block drafter or BPD heads: any lattice drafter that keeps its per-depth states
+    (`last_hidden`), the target's input embeddings (`embed`) and its frozen LM head."""
 
     name = "treeflash"
     kind = "arapprox"
 
-    def __init__(self, block: BlockDrafter, module: ARApproxModule, budget: int = 16, parents: int = 4,
-                 children: int = 4):
-        self.block, self.module = block, module.eval()
+    def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 4,
+                 children: int = 4, cost_curve: dict[int, float] | None = None):
+        if cost_curve is not None:  # budget 'auto': grow to the curve's largest B, keep the best B (trees/budget.py)
+            budget = max(cost_curve)
+        if not isinstance(budget, int) or budget < 1:
+            raise BlockdraftError(f"the tree budget must be a positive number of nodes or 'auto', got {budget}")
+        if parents < 1 or children < 1:
+            raise BlockdraftError(f"parents and children must be at least 1, got {parents} and {children}")
+        self.base, self.module = base, module.eval()
         self.budget, self.parents, self.children = budget, parents, children
-        self.feature_layers = block.feature_layers
+        self.cost_curve = cost_curve
+        self.feature_layers = base.feature_layers
         self.last_lattice = None
 
     @classmethod
-    def from_pretrained(cls, folder, target, block: BlockDrafter, **kw) -> "TreeFlashDrafter":
+    def from_pretrained(cls, folder, target, base: LatticeDrafter, **kw) -> "TreeFlashDrafter":
         config, state = load_checkpoint(folder, cls.kind, target)
-        state.pop("draft_vocab", None)  # the block drafter's, recorded for the check below
+        state.pop("draft_vocab", None)  # the base drafter's, recorded for the record
         cfg = ARApproxConfig(**{k: v for k, v in config.items() if k in ARApproxConfig.__dataclass_fields__})
+        if cfg.base_kind != base.kind:
+            raise BlockdraftError(f"the AR module '{folder}' was trained on a '{cfg.base_kind}' drafter, "
+                                  f"not on a '{base.kind}' drafter")
         module = ARApproxModule(cfg)
         load_weights(module, state, folder)
-        return cls(block, module, **kw)
+        return cls(base, module, **kw)
 
     def save_pretrained(self, folder, target) -> None:
-        save_drafter(folder, self.kind, self.module, self.block.lm_head, target)
+        save_drafter(folder, self.kind, self.module, self.base.lm_head, target)
 
     def reset(self, prompt_ids) -> None:
-        self.block.reset(prompt_ids)
+        self.base.reset(prompt_ids)
 
     def lattice(self, ctx: DraftContext):
-        return self.block.lattice(ctx)
+        return self.base.lattice(ctx)
 
     @torch.inference_mode()
     def transitions(self, root: int, lattice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,11 +110,11 @@ class TreeFlashDrafter(Drafter):
         D = lattice.depth
         M = min(self.parents, lattice.tokens.shape[1])
         parents = torch.cat([torch.full((1, M), root), lattice.tokens[: D - 1, :M]])  # [D, M]
-        h = self.block.last_hidden[:D]  # [D, H]
-        states = self.module(h[:, None].expand(D, M, -1), self.block.embed[parents].to(h.dtype))
-        logp = torch.log_softmax(self.block.lm_head(states).float(), -1)
-        top = logp.topk(self.children, -1)
-        return parents, self.block.lm_head.to_target_ids(top.indices), top.values
+        h = self.base.last_hidden[:D]  # [D, H]
+        states = self.module(h[:, None].expand(D, M, -1), self.base.embed[parents].to(h.dtype))
+        logp = torch.log_softmax(self.base.lm_head(states).float(), -1)
+        top = logp.topk(min(self.children, logp.shape[-1]), -1)
+        return parents, self.base.lm_head.to_target_ids(top.indices), top.values
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]
@@ -105,4 +123,8 @@ class TreeFlashDrafter(Drafter):
         if lattice is None:
             return DraftTree.root_only(root)
         parents, tokens, logp = self.transitions(root, lattice)
-        return best_first_transition_tree(root, lattice, parents, tokens, logp, self.budget, ctx.max_depth)
+        scores: list[float] = []
+        tree = best_first_transition_tree(root, lattice, parents, tokens, logp, self.budget, ctx.max_depth, scores)
+        if self.cost_curve is None:
+            return tree
+        return tree.truncate(best_budget(scores, self.cost_curve) + 1)

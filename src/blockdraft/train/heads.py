@@ -65,7 +65,8 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     else:
         model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size))
         vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
-        drafter = HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab))
+        drafter = HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab),
+                               embed=target.model.get_input_embeddings().weight.detach())
     cfg.num_heads = model.config.num_heads
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
     col = store.layer_slice((final,))

@@ -1,23 +1,29 @@
-"""Training TreeFlash's AR-approximation module on top of a frozen block drafter (teacher forcing)."""
+"""Training TreeFlash's AR-approximation module on a frozen block drafter or BPD heads (teacher forcing)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from ..drafters.block import BlockDrafter
+from ..drafters.heads import HeadsDrafter
 from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
 from ..errors import BlockdraftError
 from .block import block_batch, block_hidden, pick_anchors
 from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss
 from .features import FeatureStore
+from .heads import HeadPositions
 
 
 @dataclass
 class TreeFlashTrainConfig:
-    init: str | None = None  # the block drafter checkpoint (required)
+    init: str | None = None  # the base drafter checkpoint (required): a block drafter, or BPD heads
+    batch: int = 256  # positions per step, on BPD heads
     inner_size: int = 1152
     epochs: float = 2.0
     lr: float = 1e-3
@@ -32,44 +38,97 @@ def module_batch(drafter: BlockDrafter, store: FeatureStore, a: int, b: int, col
     feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors)
     with torch.no_grad():
         h = block_hidden(drafter.model, drafter.embed, feats, roots, pos, allowed)
-    # block position j+1 drafts token p+j+1; its true parent is token p+j, the teacher row's own token
-    parents = torch.from_numpy(np.asarray(store.tokens[rows.reshape(-1)], dtype=np.int64)).view(rows.shape)
-    return h, parents, rows, ok
+    return h, true_parents(store, rows), rows, ok
+
+
+def heads_module_batch(drafter: HeadsDrafter, store: FeatureStore, positions: HeadPositions, col, p: np.ndarray):
+    """The same for BPD heads at state positions p: (frozen head states [B, k, H], parents, rows, valid)."""
+    rows, ok = positions.batch(p)
+    with torch.no_grad():
+        h = drafter.model(torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32)))
+    return h, true_parents(store, rows), rows, ok
+
+
+def true_parents(store: FeatureStore, rows: np.ndarray) -> torch.Tensor:
+    # the teacher row r holds the target's distribution *after* token r, so token r is the true parent
+    return torch.from_numpy(np.asarray(store.tokens[rows.reshape(-1)], dtype=np.int64)).view(rows.shape)
+
+
+def load_base(folder, target):
+    """The frozen drafter the module builds on, whichever kind the checkpoint holds."""
+    config = Path(folder) / "config.json"
+    kind = json.loads(config.read_text()).get("blockdraft_drafter") if config.is_file() else None
+    if kind not in ("block", "heads"):
+        raise BlockdraftError(f"--init '{folder}' must be a block drafter or BPD heads checkpoint (found {kind})")
+    base = (BlockDrafter if kind == "block" else HeadsDrafter).from_pretrained(folder, target)
+    for p in base.model.parameters():
+        p.requires_grad_(False)
+    return base
+
+
+def batches(base, store: FeatureStore, cfg: "TreeFlashTrainConfig", rng, once: bool = False,
+            max_batches: int | None = None):
+    """Training batches of (states, parents, teacher rows, valid) for either base: endless epochs, or one
+    pass (`once`), at most `max_batches`."""
+    if isinstance(base, HeadsDrafter):
+        positions = HeadPositions(store, base.config.num_heads)
+        col = store.layer_slice(base.feature_layers)
+        size = max(1, min(cfg.batch, len(positions.candidates)))
+        def epoch():
+            order = rng.permutation(positions.candidates)
+            for i in range(0, len(order) - size + 1, size):
+                yield heads_module_batch(base, store, positions, col, np.sort(order[i : i + size]))
+    else:
+        cols = store.layer_slice(base.feature_layers)
+        seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
+        def epoch():
+            for j in rng.permutation(len(seqs)):
+                a, b = seqs[j]
+                anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
+                if len(anchors):
+                    yield module_batch(base, store, a, b, cols, anchors)
+    n = 0
+    while True:
+        before = n
+        for batch in epoch():
+            yield batch
+            n += 1
+            if max_batches is not None and n >= max_batches:
+                return
+        if once or n == before:  # one pass asked for, or nothing to train on
+            return
+
+
+def steps_per_epoch(base, store: FeatureStore, cfg: "TreeFlashTrainConfig") -> int:
+    if isinstance(base, HeadsDrafter):
+        return len(HeadPositions(store, base.config.num_heads).candidates) // cfg.batch
+    return sum(1 for a, b in store.sequences() if b - a >= 8)
 
 
 def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: TreeFlashTrainConfig,
                     resume: bool = False) -> TreeFlashDrafter:
     if not cfg.init:
-        raise BlockdraftError("--drafter treeflash trains on top of a block drafter: pass --init DRAFTER_DIR")
+        raise BlockdraftError("--drafter treeflash trains on top of a block drafter or BPD heads: "
+                              "pass --init DRAFTER_DIR")
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    block = BlockDrafter.from_pretrained(cfg.init, target)
-    for p in block.model.parameters():
-        p.requires_grad_(False)
-    module = ARApproxModule(ARApproxConfig(target.hidden_size, cfg.inner_size, block_drafter=str(cfg.init)))
-    drafter = TreeFlashDrafter(block, module)
-    t2d = block.lm_head.target_to_draft(target.vocab_size)
-    cols = store.layer_slice(block.feature_layers)
-    g = block.config.gamma
-    weights = depth_weights(g - 1, g)  # earlier depths weigh more
-    seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
-    steps = int(cfg.epochs * len(seqs))
-    evaluate = (lambda: evaluate_treeflash(drafter, valid, max_seqs=40)) if valid is not None else None
-    trainer = Trainer(module, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="TreeFlash module",
+    base = load_base(cfg.init, target)
+    module = ARApproxModule(ARApproxConfig(target.hidden_size, cfg.inner_size, block_drafter=str(cfg.init),
+                                           base_kind=base.kind))
+    drafter = TreeFlashDrafter(base, module)
+    t2d = base.lm_head.target_to_draft(target.vocab_size)
+    depth = base.config.gamma - 1 if isinstance(base, BlockDrafter) else base.config.num_heads
+    weights = depth_weights(depth, depth)  # earlier depths weigh more
+    steps = int(cfg.epochs * steps_per_epoch(base, store, cfg))
+    evaluate = (lambda: evaluate_treeflash(drafter, valid, max_batches=40)) if valid is not None else None
+    trainer = Trainer(module, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="AR module",
                       evaluate=evaluate)
     module.train()
-    going = trainer.step_no < steps
-    while going:
-        for j in rng.permutation(len(seqs)):
-            a, b = seqs[j]
-            anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
-            if len(anchors) == 0:
-                continue
-            h, parents, rows, ok = module_batch(block, store, a, b, cols, anchors)
-            logits = block.lm_head(module(h, block.embed[parents]))
+    if trainer.step_no < steps:
+        for h, parents, rows, ok in batches(base, store, cfg, rng):
+            logits = base.lm_head(module(h, base.embed[parents]))
             loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
-            going = trainer.step(loss)
-            if not going:
+            if not trainer.step(loss):
                 break
     trainer.close()
     module.eval()
@@ -83,20 +142,15 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
 
 
 @torch.inference_mode()
-def evaluate_treeflash(drafter: TreeFlashDrafter, store: FeatureStore, anchors_per_seq: int = 16, seed: int = 1,
-                       max_seqs: int | None = None) -> DraftMetrics:
+def evaluate_treeflash(drafter: TreeFlashDrafter, store: FeatureStore, seed: int = 1,
+                       max_batches: int | None = None) -> DraftMetrics:
     """Per-depth top-1 agreement given the true parent (what a tree can exploit), on held-out data."""
-    rng = np.random.default_rng(seed)
-    block = drafter.block
-    cols = store.layer_slice(block.feature_layers)
+    base = drafter.base
+    cfg = TreeFlashTrainConfig(anchors_per_seq=16, batch=256)
     metrics = DraftMetrics()
-    for a, b in list(store.sequences())[:max_seqs]:
-        anchors = pick_anchors(store, a, b, anchors_per_seq, rng)
-        if len(anchors) == 0:
-            continue
-        h, parents, rows, ok = module_batch(block, store, a, b, cols, anchors)
-        logits = block.lm_head(drafter.module(h, block.embed[parents]))
-        draft = block.lm_head.to_target_ids(logits.argmax(-1))
+    for h, parents, rows, ok in batches(base, store, cfg, np.random.default_rng(seed), True, max_batches):
+        logits = base.lm_head(drafter.module(h, base.embed[parents]))
+        draft = base.lm_head.to_target_ids(logits.argmax(-1))
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
         metrics.add(draft, teacher_top1.view(rows.shape), ok)
     return metrics

@@ -96,10 +96,11 @@ def best_first_tree(root: int, lattice: DraftLattice, budget: int, max_depth: in
 
 
 def best_first_transition_tree(root: int, lattice: DraftLattice, parents, tokens, logp, budget: int,
-                               max_depth: int | None = None) -> DraftTree:
+                               max_depth: int | None = None, scores: list | None = None) -> DraftTree:
     """Best-first over transition tables (TreeFlash): a node at depth d whose token is one of the
     table's parents for depth d+1 gets that parent's top-K children and log-probs; any other node
-    falls back to the marginal top-k of depth d+1. parents [D, M], tokens/logp [D, M, K]."""
+    falls back to the marginal top-k of depth d+1. parents [D, M], tokens/logp [D, M, K].
+    `scores`, if given, receives each added node's path log-probability, in order (best first)."""
     depth = lattice.depth if max_depth is None else min(max_depth, lattice.depth)
     if budget <= 0 or depth <= 0:
         return DraftTree.root_only(root)
@@ -133,5 +134,7 @@ def best_first_transition_tree(root: int, lattice: DraftLattice, parents, tokens
         out_tokens.append(t)
         out_parents.append(parent)
         node_depth.append(node_depth[parent] + 1)
+        if scores is not None:
+            scores.append(-neg)
         push(len(out_tokens) - 1, -neg)
     return DraftTree(np.asarray(out_tokens), np.asarray(out_parents))
