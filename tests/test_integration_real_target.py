@@ -38,7 +38,8 @@ def test_copying_prompt_gets_multi_token_steps(real_target):
     assert res.stats.tau > 1.5
 
 
-@pytest.mark.parametrize("method", ["bpd", "dflash", "bpd-ngram", "bpd-neural", "medusa", "ddtree:prior=0.5"])
+@pytest.mark.parametrize("method", ["bpd", "dflash", "bpd-ngram", "bpd-neural", "medusa", "ddtree:prior=0.5",
+                                    "treeflash", "hydra"])
 def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, method):
     from blockdraft.methods import make_drafter
 
@@ -63,3 +64,16 @@ def test_refinement_beats_plain_bpd_on_a_reply(real_target):
     row = analyze_prompt(real_target, make_drafter("bpd", real_target, top_k=16), refiners, ids, "code", 48)
     assert row.oracle[1] == pytest.approx(row.tau, rel=0.05)
     assert row.replayed["bpd-ngram"] > row.tau and row.oracle[16] >= row.replayed["bpd-ngram"]
+
+
+@pytest.mark.parametrize("chain,tree", [("dflash", "treeflash"), ("bpd", "hydra")])
+def test_parent_conditioned_trees_beat_their_chain_on_a_reply(real_target, chain, tree):
+    """The shipped AR modules: their trees accept more per step than the base drafter's chain (exact replay)."""
+    from blockdraft.bench.analyze import analyze_prompt
+    from blockdraft.methods import make_drafter
+
+    ids = real_target.encode(PROMPTS[2])
+    row = analyze_prompt(real_target, make_drafter(chain, real_target, top_k=16),
+                         {tree: make_drafter(tree, real_target)}, ids, "code", 48)
+    assert row.replayed[tree] > row.tau + 0.1
+
