@@ -187,11 +187,12 @@ def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, tr
     lattices, hidden = teacher_forced_lattices(tiny, again.base, ids, res.tokens)
     lat, again.base.last_hidden = lattices[3], hidden[3]  # the transition tables of one step:
     parents, kids, _ = again.transitions(7, lat)  # depth 0's only parent is the root
-    assert parents[0].eq(7).all() and torch.equal(parents[1:], lat.tokens[:-1, :4])
+    M, K = again.parents, again.children
+    assert parents[0].eq(7).all() and torch.equal(parents[1:], lat.tokens[:-1, :M])
     assert any(not torch.equal(kids[d, 0], kids[d, 1]) for d in range(1, lat.depth))  # parent-conditioned
     untrained = TreeFlashDrafter(again.base, ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind=kind)))
     _, kids, _ = untrained.transitions(7, lat)  # the identity module: every parent's children = the marginals
-    assert all(torch.equal(kids[d, m], lat.tokens[d, :4]) for d in range(lat.depth) for m in range(4))
+    assert all(torch.equal(kids[d, m], lat.tokens[d, :K]) for d in range(lat.depth) for m in range(M))
     costly = TreeFlashDrafter(again.base, again.module, cost_curve={0: 1.0, 1: 100.0, 64: 1e4})  # budget auto
     res = SpeculativeDecoder(tiny, costly).generate(ids, 24)
     assert res.tokens == ar.tokens and res.stats.tree_nodes == res.stats.target_calls  # nothing worth drafting

@@ -74,8 +74,8 @@ def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Draf
 def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
     """Factory for a parent-conditioned tree method: the base drafter (its options) + its AR-approximation
     module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K)."""
-    def factory(target: Target, module: str | None = None, budget: int | str = 16, parents: int = 4,
-                children: int = 4, **options) -> Drafter:
+    def factory(target: Target, module: str | None = None, budget: int | str = 16, parents: int = 8,
+                children: int = 8, **options) -> Drafter:
         from .drafters.treeflash import TreeFlashDrafter
         from .trees.budget import cost_curve
 

@@ -69,8 +69,8 @@ class TreeFlashDrafter(Drafter):
     name = "treeflash"
     kind = "arapprox"
 
-    def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 4,
-                 children: int = 4, cost_curve: dict[int, float] | None = None):
+    def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
+                 children: int = 8, cost_curve: dict[int, float] | None = None):
         if cost_curve is not None:  # budget 'auto': grow to the curve's largest B, keep the best B (trees/budget.py)
             budget = max(cost_curve)
         if not isinstance(budget, int) or budget < 1:
