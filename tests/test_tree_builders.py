@@ -6,13 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 from test_refine import eos_free_target, heads_drafter, random_lattice, toy_corpus
 
 from blockdraft import NoDrafter, SpeculativeDecoder
 from blockdraft.errors import BlockdraftError
 from blockdraft.refine.ngram import NGramLM
-import torch
-
 from blockdraft.trees.builders import best_first_transition_tree, best_first_tree, static_tree
 from blockdraft.trees.drafter import TreeDrafter
 

@@ -33,8 +33,8 @@ def save_checkpoint(folder, kind: str, config: dict, state: dict[str, torch.Tens
     return folder
 
 
-def load_checkpoint(folder, kind: str, target=None) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read and check a checkpoint folder: right drafter kind, right target, readable weights."""
+def read_config(folder) -> dict:
+    """A checkpoint folder's config.json (its drafter kind is under "blockdraft_drafter"), checked."""
     folder = Path(folder)
     if not (folder / CONFIG).is_file() or not (folder / WEIGHTS).is_file():
         raise BlockdraftError(f"'{folder}' is not a drafter checkpoint (needs {CONFIG} and {WEIGHTS})")
@@ -42,7 +42,14 @@ def load_checkpoint(folder, kind: str, target=None) -> tuple[dict, dict[str, tor
         config = json.loads((folder / CONFIG).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BlockdraftError(f"corrupt drafter checkpoint '{folder}': {CONFIG} is not valid JSON ({e})") from None
-    found = config.get("blockdraft_drafter") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def load_checkpoint(folder, kind: str, target=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read and check a checkpoint folder: right drafter kind, right target, readable weights."""
+    folder = Path(folder)
+    config = read_config(folder)
+    found = config.get("blockdraft_drafter")
     if found != kind:
         raise BlockdraftError(f"'{folder}' holds a '{found}' drafter, not a '{kind}' drafter")
     if target is not None:

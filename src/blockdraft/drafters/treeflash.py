@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..errors import BlockdraftError
 from ..trees import DraftTree
-from ..trees.budget import best_budget
+from ..trees.budget import keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
 from .base import DraftContext, Drafter, LatticeDrafter
-from ..errors import BlockdraftError
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 
 
@@ -71,10 +71,7 @@ class TreeFlashDrafter(Drafter):
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
                  children: int = 8, cost_curve: dict[int, float] | None = None):
-        if cost_curve is not None:  # budget 'auto': grow to the curve's largest B, keep the best B (trees/budget.py)
-            budget = max(cost_curve)
-        if not isinstance(budget, int) or budget < 1:
-            raise BlockdraftError(f"the tree budget must be a positive number of nodes or 'auto', got {budget}")
+        budget = node_budget(budget, cost_curve)  # budget 'auto': build to the curve's largest B, keep the best
         if parents < 1 or children < 1:
             raise BlockdraftError(f"parents and children must be at least 1, got {parents} and {children}")
         self.base, self.module = base, module.eval()
@@ -125,6 +122,4 @@ class TreeFlashDrafter(Drafter):
         parents, tokens, logp = self.transitions(root, lattice)
         scores: list[float] = []
         tree = best_first_transition_tree(root, lattice, parents, tokens, logp, self.budget, ctx.max_depth, scores)
-        if self.cost_curve is None:
-            return tree
-        return tree.truncate(best_budget(scores, self.cost_curve) + 1)
+        return keep_best(tree, scores, self.cost_curve)

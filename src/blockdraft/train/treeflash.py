@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import json
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from ..drafters.block import BlockDrafter
+from ..drafters.checkpoint import read_config
 from ..drafters.heads import HeadsDrafter
 from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
 from ..errors import BlockdraftError
@@ -56,8 +54,7 @@ def true_parents(store: FeatureStore, rows: np.ndarray) -> torch.Tensor:
 
 def load_base(folder, target):
     """The frozen drafter the module builds on, whichever kind the checkpoint holds."""
-    config = Path(folder) / "config.json"
-    kind = json.loads(config.read_text()).get("blockdraft_drafter") if config.is_file() else None
+    kind = read_config(folder).get("blockdraft_drafter")
     if kind not in ("block", "heads"):
         raise BlockdraftError(f"--init '{folder}' must be a block drafter or BPD heads checkpoint (found {kind})")
     base = (BlockDrafter if kind == "block" else HeadsDrafter).from_pretrained(folder, target)

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import torch
 
+from ..errors import BlockdraftError
 from ..target.loading import cache_dir
 from .tree import DraftTree
 
@@ -59,3 +60,19 @@ def best_budget(scores: list[float], curve: dict[int, float]) -> int:
     cost = np.interp(np.arange(len(scores) + 1), sizes, [curve[b] for b in sizes])
     gain = 1 + np.concatenate([[0.0], np.cumsum(np.exp(scores))])
     return int(np.argmax(gain / cost))
+
+
+def node_budget(budget, curve: dict[int, float] | None) -> int:
+    """How many nodes a best-first tree method builds: the curve's largest B under 'auto' (it then
+    keeps only the best B, see `keep_best`), else the fixed `budget`, checked."""
+    if curve is not None:
+        budget = max(curve)
+    if not isinstance(budget, int) or budget < 1:
+        raise BlockdraftError(f"the tree budget must be a positive number of nodes or 'auto', got {budget}")
+    return budget
+
+
+def keep_best(tree: DraftTree, scores: list[float], curve: dict[int, float] | None) -> DraftTree:
+    """A best-first tree as built (fixed budget), or under 'auto' its first best_budget() nodes."""
+    return tree if curve is None else tree.truncate(best_budget(scores, curve) + 1)
+

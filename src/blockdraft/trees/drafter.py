@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..drafters.base import DraftContext, Drafter
 from ..errors import BlockdraftError
-from .budget import best_budget
+from .budget import keep_best, node_budget
 from .builders import DEFAULT_STATIC_PATHS, best_first_tree, static_tree
 from .tree import DraftTree
 
@@ -24,12 +24,9 @@ class TreeDrafter(Drafter):
                  paths=DEFAULT_STATIC_PATHS, cost_curve: dict[int, float] | None = None):
         if builder not in BUILDERS:
             raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
-        if cost_curve is not None:
-            if builder != "best":
-                raise BlockdraftError("budget 'auto' needs a best-first tree (its nodes come best first)")
-            budget = max(cost_curve)
-        if not isinstance(budget, int) or budget < 1:
-            raise BlockdraftError(f"the tree budget must be a positive number of nodes or 'auto', got {budget}")
+        if cost_curve is not None and builder != "best":
+            raise BlockdraftError("budget 'auto' needs a best-first tree (its nodes come best first)")
+        budget = node_budget(budget, cost_curve)
         if not 0.0 <= alpha <= 1.0:
             raise BlockdraftError(f"the prior weight alpha must lie in [0, 1], got {alpha}")
         if not hasattr(base, "lattice"):
@@ -50,7 +47,5 @@ class TreeDrafter(Drafter):
             return static_tree(root, lattice, self.paths, self.budget, ctx.max_depth)
         scores: list[float] = []
         tree = best_first_tree(root, lattice, self.budget, ctx.max_depth, self.prior, self.alpha, ctx.tokens, scores)
-        if self.cost_curve is None:
-            return tree
         # with a prior the scores mix in n-gram log-probs: read exp(score) as a rough acceptance estimate
-        return tree.truncate(best_budget(scores, self.cost_curve) + 1)
+        return keep_best(tree, scores, self.cost_curve)
