@@ -48,7 +48,7 @@ def test_stop_string_cuts_the_text(tiny_model_dir, capsys):
     "args,message",
     [
         (["generate", ""], "prompt is empty"),
-        (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens must be positive"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens: must be a positive integer, got 0"),
         (["generate", "hi", "--temperature", "-0.5"], "temperature must be >= 0"),
         (["generate", "hi", "--top-p", "1.5"], "top_p must be in (0, 1]"),
         (["generate", "hi", "--method", "nope"], "unknown method 'nope'"),

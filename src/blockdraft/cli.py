@@ -10,6 +10,13 @@ from pathlib import Path
 from .errors import BlockdraftError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line error format (`blockdraft ...: error: ...`, exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class TextStreamer:
     """Prints the decoded text as tokens arrive. Decoding the whole output each time keeps
     multi-byte characters intact; the tail that could still become a stop string is held back."""
@@ -38,16 +45,27 @@ class TextStreamer:
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt raw, without the chat template")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--budget", default=None, type=_budget,
                    help="draft nodes per tree for the tree methods (medusa, bpd-tree, ddtree, treeflash, hydra; "
                         "default 16), or 'auto': measure this machine's verification cost once and pick per step")
+
+
+def _positive_int(value: str) -> int:
+    """argparse type: a positive integer, else a one-line usage error (exit code 2)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got '{value}'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n
 
 
 def _budget(value: str):
@@ -66,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .methods import METHODS
     from .verify import ACCEPTORS
 
-    parser = argparse.ArgumentParser(prog="blockdraft", description="Faster decoding with block drafters, losslessly.")
+    parser = Parser(prog="blockdraft", description="Faster decoding with block drafters, losslessly.")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt with a speculative method")
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
@@ -81,11 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench questions")
     b.add_argument("--questions", default=None,
-                   help="Spec-Bench style .jsonl (default: ../shared/data/spec_bench/question.jsonl), or "
-                        "'sharegpt' for held-out ShareGPT prompts (for tuning: never tune on Spec-Bench)")
+                   help="'spec-bench' (default: the Spec-Bench questions shipped with blockdraft), 'sharegpt' for "
+                        "held-out ShareGPT prompts (for tuning: never tune on Spec-Bench), or a Spec-Bench style .jsonl")
     b.add_argument("--methods", default="ar,hf,hf-lookup,lookup",
                    help="comma-separated; 'ar' is required (speedups are against it); hf, hf-lookup = transformers")
-    b.add_argument("--per-category", type=int, default=None, help="first N questions of each category")
+    b.add_argument("--per-category", type=_positive_int, default=None, help="first N questions of each category")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--out", default=None, help="output folder (default runs/bench-DATE-TIME)")
     b.add_argument("--acceptor", default=None, choices=list(ACCEPTORS), help="acceptance rule for our methods")
@@ -94,16 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("analyze", help="analyse a lattice drafter: head entropy, repetition, oracle top-k headroom")
     a.add_argument("--questions", default=None,
-                   help="question file (JSONL, Spec-Bench format; default the shared Spec-Bench file) or 'sharegpt'")
-    a.add_argument("--per-category", type=int, default=2, help="first N questions of each category (default 2)")
+                   help="'spec-bench' (default, shipped), 'sharegpt', or a Spec-Bench style .jsonl")
+    a.add_argument("--per-category", type=_positive_int, default=2, help="first N questions of each category (default 2)")
     a.add_argument("--categories", default=None, help="comma-separated categories to keep")
     a.add_argument("--drafter", default="bpd", help="the lattice drafter to analyse: bpd (default) or dflash")
     a.add_argument("--refiners", default="",
                    help="comma-separated rescored methods to replay next to it, e.g. bpd-ngram,bpd-neural")
-    a.add_argument("--max-new-tokens", type=int, default=128, help="reply length per question (default 128)")
+    a.add_argument("--max-new-tokens", type=_positive_int, default=128, help="reply length per question (default 128)")
     a.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     a.add_argument("--out", default=None, help="output folder (default runs/analyze-DATE-TIME)")
-    a.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    a.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
     t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram", "treeflash"],
@@ -135,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to build on")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser
 
 
@@ -159,20 +177,17 @@ def cmd_bench(args) -> int:
     import datetime
     from pathlib import Path
 
-    from .api import load_target
     import torch
 
+    from .api import load_target
     from .bench import BenchConfig, default_question_file, load_questions, run_bench
     from .bench.report import markdown_table, write_report
     from .bench.runners import check_methods
-
     from .methods import with_budget
+    from .verify import SamplingParams, make_acceptor
 
     methods = [with_budget(m.strip(), args.budget) for m in args.methods.split(",") if m.strip()]
-    if args.max_new_tokens <= 0:
-        raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    if args.per_category is not None and args.per_category <= 0:
-        raise BlockdraftError(f"--per-category must be positive, got {args.per_category}")
+    make_acceptor(args.acceptor, SamplingParams(args.temperature, args.top_k, args.top_p))  # fail before loading
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
     check_methods(methods)  # before spending seconds on loading the model
@@ -201,8 +216,6 @@ def cmd_analyze(args) -> int:
 
     if args.max_new_tokens <= 1:
         raise BlockdraftError(f"--max-new-tokens must be at least 2, got {args.max_new_tokens}")
-    if args.per_category is not None and args.per_category <= 0:
-        raise BlockdraftError(f"--per-category must be positive, got {args.per_category}")
     refiners = tuple(m.strip() for m in args.refiners.split(",") if m.strip())
     for spec in (args.drafter, *refiners):  # before spending seconds on loading the model
         if parse_method(spec)[0] not in METHODS:
@@ -222,14 +235,13 @@ def cmd_generate(args) -> int:
     from .api import load_target
     from .decoding import SpeculativeDecoder
     from .methods import make_drafter
-    from .verify import SamplingParams
+    from .verify import SamplingParams, make_acceptor
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise BlockdraftError("the prompt is empty")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
-    if args.max_new_tokens <= 0:
-        raise BlockdraftError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    make_acceptor(args.acceptor, params)  # refuse e.g. --acceptor greedy at T > 0 before loading the model
     target = load_target(args.target)
     from .methods import with_budget
 
@@ -259,7 +271,10 @@ COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "a
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed by Parser.error
+        return int(e.code or 0)
     try:
         if getattr(args, "threads", None):
             import torch
