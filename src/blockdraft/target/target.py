@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from ..errors import BlockdraftError
 from ..trees import DraftTree
+from . import engine as static_engine
+from .hf_forward import HFForward
 from .loading import DEFAULT_TARGET, load_model_and_tokenizer, resolve_target
 
 
@@ -19,6 +19,18 @@ class TargetOutput:
 
     logits: torch.Tensor  # [n, V] float32: the target's next-token logits at every node
     features: torch.Tensor | None  # [n, F]: hidden states of the feature layers, concatenated
+
+
+def make_forwarder(model, engine: str = "auto"):
+    """'static': the fast static-cache engine (Llama-family models); 'hf': transformers' forward;
+    'auto': static where it supports the model, else hf."""
+    if engine not in ("auto", "static", "hf"):
+        raise BlockdraftError(f"unknown engine '{engine}': choose auto, static or hf")
+    if engine == "static" and not static_engine.supports(model):
+        raise BlockdraftError(f"the static engine does not support model type '{model.config.model_type}'")
+    if engine != "hf" and static_engine.supports(model):
+        return static_engine.StaticEngine(model)
+    return HFForward(model)
 
 
 class Target:
@@ -33,7 +45,8 @@ class Target:
     root of the next tree), exactly like plain autoregressive decoding.
     """
 
-    def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = ()):
+    def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = (),
+                 engine: str = "auto"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or model.config.model_type
@@ -43,10 +56,8 @@ class Target:
         self.num_layers = model.config.num_hidden_layers
         self.max_length = getattr(model.config, "max_position_embeddings", None) or 2**31
         self.feature_layers = tuple(feature_layers)
-        self.cache: DynamicCache | None = None
-        # transformers renamed `past_key_values` to `cache` in 5.x; pass whichever this version takes.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.device = model.get_input_embeddings().weight.device
+        self.forwarder = make_forwarder(model, engine)
         self.length = 0  # tokens in the KV cache
 
     @classmethod
@@ -103,61 +114,32 @@ class Target:
     @torch.inference_mode()
     def prefill(self, ids: list[int]) -> torch.Tensor | None:
         """Start a new sequence: run `ids` into a fresh KV cache. Returns their features."""
-        self.cache = DynamicCache(config=self.config)
+        self.forwarder.reset()
         self.length = 0
         if not ids:
             return None
-        x = torch.tensor([ids], device=self.model.device)
-        out = self.model(
-            input_ids=x,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kw: self.cache},
-            output_hidden_states=bool(self.feature_layers),
-        )
+        device = self.device
+        x = torch.tensor(ids, device=device)
+        _, hidden = self.forwarder.forward(x, torch.arange(len(ids), device=device), None, self.feature_layers,
+                                           last_logits_only=True)
         self.length = len(ids)
-        return self._features(out)
+        return self._features(hidden)
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree) -> TargetOutput:
         """One forward pass over every tree node; each node attends to the cache and its ancestors."""
-        n = len(tree)
-        device = self.model.device
-        positions = (self.length + tree.depth).unsqueeze(0).to(device)
-        mask = None  # a chain needs only the ordinary causal mask, which transformers builds itself
-        if not tree.is_chain():
-            allowed = torch.ones(n, self.length + n, dtype=torch.bool)
-            allowed[:, self.length :] = tree.ancestor_mask()
-            dtype = self.model.dtype
-            mask = torch.zeros(1, 1, n, self.length + n, dtype=dtype, device=device)
-            mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
-        out = self.model(
-            input_ids=tree.tokens.unsqueeze(0).to(device),
-            position_ids=positions,
-            attention_mask=mask,
-            use_cache=True,
-            output_hidden_states=bool(self.feature_layers),
-            **{self._cache_kw: self.cache},
-        )
+        device = self.device
+        positions = (self.length + tree.depth).to(device)
+        allowed = None if tree.is_chain() else tree.ancestor_mask().to(device)  # a chain is plain causal
+        logits, hidden = self.forwarder.forward(tree.tokens.to(device), positions, allowed, self.feature_layers)
         # Acceptors run on the CPU (tiny trees, Python control flow); features stay on the device.
-        return TargetOutput(out.logits[0].float().cpu(), self._features(out))
+        return TargetOutput(logits.float().cpu(), self._features(hidden))
 
     @torch.inference_mode()
     def commit(self, path: list[int]) -> None:
         """Keep the KV entries of the accepted nodes `path` (root first), drop the rest of the tree."""
-        start, m = self.length, len(path)
-        contiguous = path == list(range(m))
-        for layer in self.cache.layers:
-            if not contiguous:  # move the accepted entries next to the committed prefix
-                src = torch.tensor(path, device=layer.keys.device) + start
-                layer.keys[..., start : start + m, :] = layer.keys.index_select(-2, src)
-                layer.values[..., start : start + m, :] = layer.values.index_select(-2, src)
-            layer.keys = layer.keys[..., : start + m, :]
-            layer.values = layer.values[..., : start + m, :]
-        self.length = start + m
+        self.forwarder.commit(self.length, path)
+        self.length += len(path)
 
-    def _features(self, out) -> torch.Tensor | None:
-        if not self.feature_layers:
-            return None
-        hs = out.hidden_states  # embeddings + one entry per layer
-        return torch.cat([hs[i][0] for i in self.feature_layers], dim=-1)
+    def _features(self, hidden: list[torch.Tensor]) -> torch.Tensor | None:
+        return torch.cat(hidden, dim=-1) if hidden else None
