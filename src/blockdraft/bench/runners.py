@@ -17,6 +17,7 @@ from ..verify import SamplingParams
 HF_METHODS = {
     "hf": "transformers generate() (greedy or sampling)",
     "hf-lookup": "transformers generate(prompt_lookup_num_tokens=10)",
+    "hf-compiled": "transformers generate() with a static cache and torch.compile (inductor, freezing)",
 }
 
 
@@ -59,6 +60,14 @@ class HFRunner:
                                top_p=params.top_p)
         if name == "hf-lookup":
             self.kwargs.update(prompt_lookup_num_tokens=10)
+        if name == "hf-compiled":
+            from transformers import CompileConfig
+
+            # transformers compiles the forward itself once the cache is static; on a CPU only when asked
+            # (`_compile_all_devices`). Freezing lets inductor prepack the weights, as for our engine.
+            config = CompileConfig(dynamic=None, mode=None, options={"freezing": True})
+            config._compile_all_devices = True
+            self.kwargs.update(cache_implementation="static", compile_config=config)
         self.calls = 0
 
     def _count(self, *_):

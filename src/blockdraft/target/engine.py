@@ -41,9 +41,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' `x * cos + rotate_half(x) * sin` in 4 ops instead of 6: rotate_half(x) is
+    roll(x) with its first half negated, and the sign moves (exactly) into the sin table."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class _Linear:
@@ -102,10 +103,9 @@ class StaticEngine:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scale = self.head_dim ** -0.5
-        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
-        self.cos = self.sin = None  # rotary tables [capacity, head_dim]
+        self.cos = self.sin = None  # rotary tables [capacity, head_dim]; sin with its first half negated
         self.length = 0
 
     @property
@@ -130,7 +130,8 @@ class StaticEngine:
         # The model's own rotary module computes the table, so every static rope scaling is honoured.
         positions = torch.arange(cap, device=device).unsqueeze(0)
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), positions)
-        self.cos, self.sin = cos[0], sin[0]
+        half = self.head_dim // 2
+        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None = None,
@@ -154,12 +155,9 @@ class StaticEngine:
         hidden = {0: x[0]} if 0 in hidden_layers else {}
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln1, layer.eps1)
-            q, k, v = layer.qkv(h).split(self.split, dim=-1)
-            q = q.view(1, n, self.heads, self.head_dim).transpose(1, 2)
-            k = k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            qkv = layer.qkv(h).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, heads + 2 kv_heads, n, d]
+            qk = _rope(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys rotated together
+            q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
             self.keys[i][:, :, start:end] = k
             self.values[i][:, :, start:end] = v
             a = F.scaled_dot_product_attention(q, self.keys[i][:, :, :end], self.values[i][:, :, :end],

@@ -1,0 +1,78 @@
+"""Verification cost of the target, per engine and dtype: t(1) and t(k)/t(1), next to the bandwidth limit.
+
+    python benchmarks/engine_costs.py [--threads 2] [--context 400] [--reps 15]
+
+Every engine x dtype runs interleaved in one process (a round of each, repeated), so that the noise of
+a shared machine hits them alike; medians are printed as a markdown table. The bandwidth limit is the
+bytes of weight one step must read (every layer's matrices + the LM head) divided by the bandwidth the
+LM-head matmul reaches on this machine (the largest single read of a step, so its best case).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from blockdraft import Target
+from blockdraft.trees import DraftTree
+
+KS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=400)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    ids = [1000 + (7 * i) % 20000 for i in range(args.context)]
+    targets = {}
+    for name in args.dtypes.split(","):
+        base = Target.load("smollm2-135m", dtype=getattr(torch, name))
+        for engine in ("hf", "static"):
+            t = Target(base.model, base.tokenizer, name=base.name, engine=engine)
+            t.prefill(ids)
+            targets[(name, engine)] = t
+    trees = {k: DraftTree.chain(1999, list(range(2000, 1999 + k))) for k in KS}
+    samples = {(key, k): [] for key in targets for k in KS}
+    for rep in range(args.reps + 2):
+        for k in KS:
+            for key, t in targets.items():
+                dt = timed(lambda: t.verify(trees[k]))
+                t.commit([])  # drop the tree again: the context stays at --context tokens
+                if rep >= 2:  # the first rounds warm caches and allocators
+                    samples[(key, k)].append(dt)
+    print(f"\n{args.threads} threads, {args.context}-token context, median of {args.reps}\n")
+    print("| dtype | engine | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in KS[1:]) + " |")
+    print("|---|---|---|" + "---|" * (len(KS) - 1))
+    for key in targets:
+        med = {k: statistics.median(samples[(key, k)]) for k in KS}
+        print(f"| {key[0]} | {key[1]} | {med[1] * 1e3:.1f} | " + " | ".join(f"{med[k] / med[1]:.2f}" for k in KS[1:])
+              + " |")
+    print("\n| dtype | weight bytes per step | LM-head matmul bandwidth | bandwidth-limit step |")
+    print("|---|---|---|---|")
+    for name in args.dtypes.split(","):
+        model = targets[(name, "static")].model
+        head = model.get_output_embeddings().weight
+        layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
+        step_bytes = layer_bytes + head.numel() * head.element_size()
+        x = torch.randn(1, head.shape[1], dtype=head.dtype)
+        with torch.inference_mode():
+            for _ in range(3):
+                torch.nn.functional.linear(x, head)
+            t = statistics.median(timed(lambda: torch.nn.functional.linear(x, head)) for _ in range(15))
+        bandwidth = head.numel() * head.element_size() / t
+        print(f"| {name} | {step_bytes / 1e6:.0f} MB | {bandwidth / 1e9:.1f} GB/s | {step_bytes / bandwidth * 1e3:.1f} ms |")
+
+
+if __name__ == "__main__":
+    main()
