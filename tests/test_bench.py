@@ -46,7 +46,7 @@ def test_bench_end_to_end(tiny_model_dir, question_file, tmp_path, monkeypatch, 
     out = tmp_path / "out"
     rc = main(["bench", "--questions", str(question_file), "--methods", "ar,hf,hf-lookup,lookup,broken",
                "--target", str(tiny_model_dir), "--max-new-tokens", "10", "--out", str(out),
-               "--per-category", "1"])
+               "--per-category", "1", "--dtype", "float32"])
     assert rc == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results) >= {"config", "methods"}

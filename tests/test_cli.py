@@ -27,7 +27,7 @@ def test_generate_json_on_tiny_model(tiny_model_dir, capsys):
 
 
 def test_streamed_text_equals_json_text(tiny_model_dir, capsys):
-    common = ["--target", str(tiny_model_dir), "--max-new-tokens", "16", "--no-chat-template"]
+    common = ["--target", str(tiny_model_dir), "--max-new-tokens", "16", "--no-chat-template", "--dtype", "float32"]
     assert main(["generate", "hello world", "--method", "ar", *common]) == 0
     streamed = capsys.readouterr().out
     assert main(["generate", "hello world", "--method", "lookup", "--json", *common]) == 0

@@ -8,15 +8,24 @@ from typing import Callable
 import torch
 
 from .decoding import GenerationResult, SpeculativeDecoder
+from .errors import BlockdraftError
 from .methods import make_drafter
-from .target import DEFAULT_TARGET, Target
+from .target import DEFAULT_TARGET, Target, resolve_precision
 from .verify import SamplingParams
 
 
+def load_target(name_or_path: str | None = DEFAULT_TARGET, dtype: str | torch.dtype = "auto",
+                device: str | torch.device = "auto") -> Target:
+    """Load a target once per process and (dtype, device) (the first GGUF load converts and caches it, ~20 s).
+
+    dtype: auto | float32 | bfloat16 | float16; device: auto | cpu | cuda[:N] (see target.precision)."""
+    dtype, device = resolve_precision(dtype, device)
+    return _load_target(name_or_path or DEFAULT_TARGET, dtype, str(device))
+
+
 @lru_cache(maxsize=4)
-def load_target(name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32) -> Target:
-    """Load a target once per process (the first GGUF load converts and caches it, ~20 s)."""
-    return Target.load(name_or_path, dtype=dtype)
+def _load_target(name_or_path: str, dtype: torch.dtype, device: str) -> Target:
+    return Target.load(name_or_path, dtype=dtype, device=device)
 
 
 def generate(
@@ -32,11 +41,21 @@ def generate(
     stop: tuple[str, ...] = (),
     acceptor: str | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
     **method_options,
 ) -> GenerationResult:
-    """Generate from a text prompt (or token ids) with a speculative method. Greedy by default."""
+    """Generate from a text prompt (or token ids) with a speculative method. Greedy by default.
+
+    `dtype`/`device` choose how a target given by name is loaded; a loaded `Target` keeps its own."""
     params = SamplingParams(temperature, top_k, top_p)  # validates before anything is loaded
-    tgt = target if isinstance(target, Target) else load_target(target)
+    if isinstance(target, Target):
+        tgt = target
+        if (dtype, device) != ("auto", "auto") and resolve_precision(dtype, device) != (tgt.dtype, tgt.device):
+            raise BlockdraftError(f"the target is already loaded in {tgt.dtype} on {tgt.device}: "
+                                  "pass dtype/device only with a target name")
+    else:
+        tgt = load_target(target, dtype, device)
     drafter = make_drafter(method, tgt, **method_options)
     ids = tgt.encode(prompt, chat_template) if isinstance(prompt, str) else list(prompt)
     decoder = SpeculativeDecoder(tgt, drafter, params, acceptor)

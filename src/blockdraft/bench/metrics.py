@@ -37,7 +37,29 @@ def acceptance_by_depth(hist: dict[int, int]) -> list[float]:
     return rates
 
 
-def summarize(records: list, config: dict, design_lossless: dict[str, bool]) -> dict:
+def against_ar(per_question: dict | None, complete: list, turns: int) -> dict:
+    """Counts over the complete questions of one method: identical turns, numeric ties, real mismatches
+    (from run.compare_with_ar); `lossless` = no real mismatch. None entries: no comparison (sampling)."""
+    if per_question is None:
+        return {"identical_turns": None, "identical_share": None, "ties": None, "real_mismatches": None,
+                "later_turns": None, "divergences": [], "lossless": None, "first_mismatch": None}
+    rows = [per_question[q] for q in complete if q in per_question]
+    identical = sum(r[0] for r in rows)
+    found = [d for r in rows for d in r[1]]
+    real = [d for d in found if not d.tie]
+    return {
+        "identical_turns": identical,
+        "identical_share": identical / turns if turns else None,
+        "ties": len(found) - len(real),
+        "real_mismatches": len(real),
+        "later_turns": sum(r[2] for r in rows),  # differing turns after an earlier divergence: not compared
+        "divergences": [d.to_dict() for d in found],
+        "lossless": not real,
+        "first_mismatch": {"question_id": real[0].question_id, "turn": real[0].turn + 1} if real else None,
+    }
+
+
+def summarize(records: list, config: dict, design_lossless: dict[str, bool], compared: dict | None = None) -> dict:
     methods = config["methods"]
     by_method_q: dict[str, dict] = {m: defaultdict(list) for m in methods}
     for r in records:
@@ -62,12 +84,7 @@ def summarize(records: list, config: dict, design_lossless: dict[str, bool]) -> 
             hist.update(r.accepted_hist)
         total_time = sum(r.time_s for r in recs)
         drafted = [r for r in recs if r.draft_s is not None]
-        mismatch = None
-        if config.get("temperature", 0) == 0:
-            for q in complete:
-                for r, ref in zip(mine[q], ar[q], strict=True):
-                    if r.tokens != ref.tokens and mismatch is None:
-                        mismatch = {"question_id": q, "turn": r.turn + 1}
+        versus = against_ar(None if compared is None else compared.get(m, {}), complete, len(recs))
         groups: dict[str, dict] = {}
         for key_index, key in ((0, "per_category"), (1, "per_group")):
             cats = sorted({category[q][key_index] for q in complete})
@@ -77,9 +94,8 @@ def summarize(records: list, config: dict, design_lossless: dict[str, bool]) -> 
             **overall,
             "speedup_vs_hf": (overall["tokens_per_s"] / mean(_tps(hf[q]) for q in complete)) if hf else None,
             "median_speedup": median(ratios) if ratios else None,
-            "lossless": (mismatch is None) if config.get("temperature", 0) == 0 else None,
+            **versus,
             "lossless_by_design": design_lossless.get(m, True),
-            "first_mismatch": mismatch,
             "new_tokens": sum(r.new_tokens for r in recs),
             "target_calls": sum(r.target_calls for r in recs),
             "time_s": total_time,

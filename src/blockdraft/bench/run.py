@@ -13,10 +13,12 @@ from tqdm import tqdm
 
 from ..errors import BlockdraftError
 from ..target import Target
+from ..target.precision import dtype_name
 from ..verify import SamplingParams
 from .metrics import summarize
 from .questions import Question
 from .runners import check_methods, make_runner
+from .ties import classify_question, float32_reference, tie_tolerance
 
 
 @dataclass
@@ -125,6 +127,33 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
         bar.close()
 
     cfg = {**asdict(config), "interrupted": interrupted, "machine": machine_info(),
-           "questions": len(questions)}
+           "questions": len(questions), "dtype": dtype_name(target.dtype), "device": str(target.device)}
     lossless = {m: r.lossless for m, r in runners.items()}
-    return summarize(records, cfg, lossless)
+    against_ar = None
+    if params.greedy:
+        cfg["ties"] = tie_tolerance(target, fallback=[r.tokens for r in records if r.method == "ar"])
+        against_ar = compare_with_ar(target, questions, records, cfg["ties"]["tolerance"])
+    return summarize(records, cfg, lossless, against_ar)
+
+
+def compare_with_ar(target: Target, questions: list[Question], records: list[TurnRecord], tolerance: float) -> dict:
+    """Per method and question: (identical turns, classified divergences, later differing turns), see
+    bench/ties.py. The float32 reference model is made only if some output differs."""
+    by = {}
+    for r in records:
+        by.setdefault((r.method, r.question_id), []).append(r.tokens)
+    reference = None
+    out: dict[str, dict] = {}
+    for q in questions:
+        ar_turns = by.get(("ar", q.question_id))
+        if ar_turns is None:
+            continue
+        answers = [target.decode(t) if target.tokenizer is not None else "" for t in ar_turns]
+        for (method, qid), turns in by.items():
+            if qid != q.question_id or len(turns) != len(ar_turns):
+                continue
+            if turns != ar_turns and reference is None:
+                reference = float32_reference(target)
+            prompt_of = lambda t, q=q, answers=answers: _prompt_ids(target, q, answers[:t], t)  # noqa: E731
+            out.setdefault(method, {})[qid] = classify_question(qid, ar_turns, turns, prompt_of, reference, tolerance)
+    return out

@@ -44,7 +44,7 @@ class DecoderRunner:
 
 
 class HFRunner:
-    """transformers' generate() on the very same loaded model: the external yardstick."""
+    """transformers' generate() on the very same loaded model (same dtype, same device): the external yardstick."""
 
     lossless = True
 
@@ -76,7 +76,7 @@ class HFRunner:
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> RunRecord:
         torch.manual_seed(seed)
-        x = torch.tensor([prompt_ids])
+        x = torch.tensor([prompt_ids], device=self.target.device)
         self.calls = 0
         hook = self.target.model.register_forward_hook(self._count)  # target calls, prefill included
         try:

@@ -69,6 +69,7 @@ def regenerate(target, out: str | Path, max_tokens: int = 200_000, max_new_token
         for i, (_, _, p) in enumerate(batch):
             ids[i, width - len(p):] = torch.tensor(p)
             att[i, width - len(p):] = 1
+        ids, att = ids.to(target.device), att.to(target.device)
         gen = target.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens,
                                     do_sample=False, eos_token_id=eos, pad_token_id=pad)
         for (rid, text, _), row in zip(batch, gen[:, width:].tolist()):
@@ -101,11 +102,13 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply (default 256)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts generated together (default 16)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        path = regenerate(load_target(args.target) if args.target else load_target(), args.out, args.max_tokens,
+        path = regenerate(load_target(args.target, args.dtype, args.device), args.out, args.max_tokens,
                           args.max_new_tokens, args.batch_size, data=args.data)
     except BlockdraftError as e:
         raise SystemExit(f"blockdraft: error: {e}") from None

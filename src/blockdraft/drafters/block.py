@@ -221,7 +221,7 @@ class BlockDrafter(LatticeDrafter):
         cfg = BlockConfig(**{k: v for k, v in config.items() if k in fields})
         cfg.feature_layers = tuple(cfg.feature_layers)
         model = BlockModel(cfg)
-        load_weights(model, state, folder)
+        load_weights(model, state, folder, target)  # in the target's dtype, on its device
         return cls.for_target(model, target, vocab, **kw)
 
     @classmethod
@@ -235,8 +235,9 @@ class BlockDrafter(LatticeDrafter):
 
     # --- drafting --------------------------------------------------------------------
     def reset(self, prompt_ids) -> None:
-        self.ctx_kv = [(torch.zeros(self.config.num_kv_heads, 0, self.config.head_dim),) * 2
-                       for _ in range(self.config.num_layers)]
+        w = self.model.fc.weight  # the drafter's dtype and device (the target's, once loaded for it)
+        empty = torch.zeros(self.config.num_kv_heads, 0, self.config.head_dim, dtype=w.dtype, device=w.device)
+        self.ctx_kv = [(empty, empty) for _ in range(self.config.num_layers)]
         self.n_ctx = 0
         self.last_features = None  # raw target features of the newest committed token
 
@@ -249,7 +250,7 @@ class BlockDrafter(LatticeDrafter):
         if f.shape[-1] != self.model.fc.in_features:
             raise BlockdraftError(f"the block drafter expects {self.model.fc.in_features} feature values per token, "
                                   f"got {f.shape[-1]}: the target was set up with other feature layers")
-        pos = torch.arange(self.n_ctx, self.n_ctx + len(f))
+        pos = torch.arange(self.n_ctx, self.n_ctx + len(f), device=f.device)
         h = self.model.project(f)
         self.last_features = f[-1]
         new = self.model.context(h, pos)
@@ -262,7 +263,7 @@ class BlockDrafter(LatticeDrafter):
         g = self.config.gamma
         last = self.last_features if self.last_features is not None else self.model.feature_mean
         x = self.model.block_inputs(self.embed[root][None], last[None])[0].to(self.model.fc.weight.dtype)
-        pos = torch.arange(self.n_ctx, self.n_ctx + g)
+        pos = torch.arange(self.n_ctx, self.n_ctx + g, device=x.device)
         h = self.model(x, pos, self.ctx_kv)
         self.last_hidden = h[1:]  # the block's states per depth, for TreeFlash's AR approximation
         return DraftLattice.from_logits(self.lm_head(h[1:]), self.top_k, self.lm_head.vocab)

@@ -74,14 +74,23 @@ def check_target(recorded: dict, target, folder) -> None:
                               f"not for {show(have)}: train one for this target with `blockdraft train`")
 
 
-def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], folder) -> None:
-    """load_state_dict with a readable error for checkpoints whose tensors do not fit the config."""
+def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], folder, target=None) -> None:
+    """load_state_dict with a readable error for checkpoints whose tensors do not fit the config; with a
+    `target`, the module is then cast to the target's dtype and moved to its device (`on_target`)."""
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()
         raise BlockdraftError(f"corrupt drafter checkpoint '{folder}': weights do not match its config "
                               f"({' '.join(first[:2])[:300]})") from None
+    if target is not None:
+        on_target(module, target)
+
+
+def on_target(module: torch.nn.Module, target) -> torch.nn.Module:
+    """Cast a module's float weights and buffers to the target's dtype, on the target's device: drafters
+    take both from the target (one source of truth), never from a setting of their own."""
+    return module.to(device=target.device, dtype=target.dtype)
 
 
 def save_drafter(folder, kind: str, model: torch.nn.Module, lm_head, target) -> Path:

@@ -69,7 +69,7 @@ class HeadsDrafter(LatticeDrafter):
         vocab = state.pop("draft_vocab", None)
         cfg = HeadsConfig(**{k: v for k, v in config.items() if k in HeadsConfig.__dataclass_fields__})
         model = HeadsModel(cfg)
-        load_weights(model, state, folder)
+        load_weights(model, state, folder, target)  # in the target's dtype, on its device
         head = FrozenLMHead(target.model.get_output_embeddings().weight, vocab)
         return cls(model, head, embed=target.model.get_input_embeddings().weight.detach(), **kw)
 
@@ -78,7 +78,8 @@ class HeadsDrafter(LatticeDrafter):
 
     @torch.inference_mode()
     def draft_lattice(self, h: torch.Tensor) -> DraftLattice:
-        states = self.model(h.to(self.lm_head.weight.dtype))[: self.num_heads]
+        w = self.model.heads[0].up.weight  # the heads' own dtype: the target's, once loaded for it
+        states = self.model(h.to(w.dtype))[: self.num_heads]
         self.last_hidden = states
         return DraftLattice.from_logits(self.lm_head(states), self.top_k, self.lm_head.vocab)
 

@@ -12,7 +12,8 @@ class DraftLattice:
     """A "sausage lattice" (confusion network): depth d offers tokens[d, :k] with scores logp[d, :k].
 
     Depth 0 is the first token after the root. Token ids are the target's. Tree builders and
-    refiners read this; a chain takes the best token at every depth.
+    refiners read this; a chain takes the best token at every depth. It lives on the CPU: the
+    top-k is taken on the drafter's device and only these D x k values cross over, once per step.
     """
 
     tokens: torch.Tensor  # [D, k] long, best first
@@ -26,7 +27,7 @@ class DraftLattice:
         top = logp.topk(min(k, logp.shape[-1]), dim=-1)
         tokens = top.indices if vocab_map is None else vocab_map[top.indices]
         entropy = -(logp.exp() * logp).sum(-1)
-        return cls(tokens, top.values, entropy)
+        return cls(tokens.cpu(), top.values.cpu(), entropy.cpu())
 
     @property
     def depth(self) -> int:

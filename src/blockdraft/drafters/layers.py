@@ -30,7 +30,7 @@ class FrozenLMHead(nn.Module):
 
     def __init__(self, weight: torch.Tensor, vocab: torch.Tensor | None):
         super().__init__()
-        self.register_buffer("vocab", None if vocab is None else vocab.long(), persistent=False)
+        self.register_buffer("vocab", None if vocab is None else vocab.long().to(weight.device), persistent=False)
         w = weight.detach() if vocab is None else weight.detach()[vocab.long()]
         self.register_buffer("weight", w.clone(), persistent=False)
 
@@ -41,10 +41,11 @@ class FrozenLMHead(nn.Module):
         return ids if self.vocab is None else self.vocab[ids]
 
     def target_to_draft(self, vocab_size: int) -> torch.Tensor:
-        """[V] long: the draft id of each target token, -1 for tokens outside the draft vocabulary."""
-        inv = torch.full((vocab_size,), -1, dtype=torch.long)
-        ids = torch.arange(vocab_size) if self.vocab is None else self.vocab.cpu()
-        inv[ids] = torch.arange(len(ids))
+        """[V] long: the draft id of each target token, -1 for tokens outside the draft vocabulary (on the
+        head's device)."""
+        inv = torch.full((vocab_size,), -1, dtype=torch.long, device=self.weight.device)
+        ids = torch.arange(vocab_size, device=inv.device) if self.vocab is None else self.vocab
+        inv[ids] = torch.arange(len(ids), device=inv.device)
         return inv
 
 

@@ -89,7 +89,7 @@ class TreeFlashDrafter(Drafter):
             raise BlockdraftError(f"the AR module '{folder}' was trained on a '{cfg.base_kind}' drafter, "
                                   f"not on a '{base.kind}' drafter")
         module = ARApproxModule(cfg)
-        load_weights(module, state, folder)
+        load_weights(module, state, folder, target)  # in the target's dtype, on its device
         return cls(base, module, **kw)
 
     def save_pretrained(self, folder, target) -> None:
@@ -106,12 +106,14 @@ class TreeFlashDrafter(Drafter):
         """(parents [D, M], child tokens [D, M, K], child log-probs [D, M, K]); depth 0's only parent is the root."""
         D = lattice.depth
         M = min(self.parents, lattice.tokens.shape[1])
-        parents = torch.cat([torch.full((1, M), root), lattice.tokens[: D - 1, :M]])  # [D, M]
-        h = self.base.last_hidden[:D]  # [D, H]
-        states = self.module(h[:, None].expand(D, M, -1), self.base.embed[parents].to(h.dtype))
+        parents = torch.cat([torch.full((1, M), root), lattice.tokens[: D - 1, :M]])  # [D, M], on the CPU
+        h = self.base.last_hidden[:D]  # [D, H], on the drafter's device
+        emb = self.base.embed[parents.to(self.base.embed.device)]
+        states = self.module(h[:, None].expand(D, M, -1), emb.to(h.dtype))
         logp = torch.log_softmax(self.base.lm_head(states).float(), -1)
         top = logp.topk(min(self.children, logp.shape[-1]), -1)
-        return parents, self.base.lm_head.to_target_ids(top.indices), top.values
+        # the tables (D x M x K ids and log-probs) go to the CPU once, for the Python tree builder
+        return parents, self.base.lm_head.to_target_ids(top.indices).cpu(), top.values.cpu()
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]

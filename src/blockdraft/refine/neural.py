@@ -48,7 +48,7 @@ class NeuralLM(nn.Module):
         """emb [B, T, E] (T <= window) -> states [B, T, E] for the LM head; position t sees tokens <= t."""
         T = emb.shape[1]
         x = self.inp(emb) + self.pos[:T]
-        mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
+        mask = nn.Transformer.generate_square_subsequent_mask(T, device=x.device, dtype=x.dtype)
         return self.out(self.norm(self.layers(x, mask=mask, is_causal=True)))
 
 
@@ -70,7 +70,7 @@ class NeuralRescorer:
         vocab = state.pop("draft_vocab", None)
         cfg = NeuralLMConfig(**{k: v for k, v in config.items() if k in NeuralLMConfig.__dataclass_fields__})
         model = NeuralLM(cfg)
-        load_weights(model, state, folder)
+        load_weights(model, state, folder, target)  # in the target's dtype, on its device
         return cls.for_target(model, target, vocab)
 
     @classmethod
@@ -84,14 +84,15 @@ class NeuralRescorer:
     @torch.inference_mode()
     def score(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         out = np.empty(candidates.shape)
+        device = self.embed.device
         for i, (ctx, cand) in enumerate(zip(contexts, candidates)):
-            ctx = torch.as_tensor(ctx[ctx >= 0][-self.config.window:], dtype=torch.long)
+            ctx = torch.as_tensor(ctx[ctx >= 0][-self.config.window:], dtype=torch.long, device=device)
             if len(ctx) == 0:
                 out[i] = 0.0  # nothing to condition on: no opinion
                 continue
             h = self.model(self.embed[ctx][None].to(self.model.inp.weight.dtype))[0, -1]
             logp = torch.log_softmax(self.lm_head(h).float(), -1)
-            d = self.t2d[torch.as_tensor(cand, dtype=torch.long)]
-            # a token outside the draft vocabulary gets the floor of the distribution
-            out[i] = torch.where(d >= 0, logp[d.clamp_min(0)], logp.min()).numpy()
+            d = self.t2d[torch.as_tensor(cand, dtype=torch.long, device=device)]
+            # a token outside the draft vocabulary gets the floor of the distribution; k scores go to the CPU
+            out[i] = torch.where(d >= 0, logp[d.clamp_min(0)], logp.min()).cpu().numpy()
         return out

@@ -11,6 +11,7 @@ from ..trees import DraftTree
 from . import engine as static_engine
 from .hf_forward import HFForward
 from .loading import DEFAULT_TARGET, load_model_and_tokenizer, resolve_target
+from .precision import resolve_precision
 
 
 @dataclass
@@ -43,6 +44,9 @@ class Target:
 
     The KV cache therefore always holds every committed token except the newest one (the
     root of the next tree), exactly like plain autoregressive decoding.
+
+    `dtype` and `device` are the model's own: the one source of truth that drafters, rescorers
+    and runners read to place their tensors (choose them with `Target.load(dtype=, device=)`).
     """
 
     def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = (),
@@ -56,16 +60,26 @@ class Target:
         self.num_layers = model.config.num_hidden_layers
         self.max_length = getattr(model.config, "max_position_embeddings", None) or 2**31
         self.feature_layers = tuple(feature_layers)
-        self.device = model.get_input_embeddings().weight.device
         self.forwarder = make_forwarder(model, engine)
         self.length = 0  # tokens in the KV cache
 
     @classmethod
-    def load(cls, name_or_path: str | None = None, dtype: torch.dtype = torch.float32, **kw) -> "Target":
-        """Load a target by name (default: smollm2-135m), model folder or GGUF file."""
+    def load(cls, name_or_path: str | None = None, dtype: str | torch.dtype = "auto",
+             device: str | torch.device = "auto", **kw) -> "Target":
+        """Load a target by name (default: smollm2-135m), model folder or GGUF file, in `dtype` on `device`
+        ('auto': see target.precision; float32 is the bitwise-exact reference)."""
+        dtype, device = resolve_precision(dtype, device)  # bad names fail before the slow load
         source = resolve_target(name_or_path or DEFAULT_TARGET)
         model, tokenizer = load_model_and_tokenizer(source, dtype)
-        return cls(model, tokenizer, name=source.name, **kw)
+        return cls(model.to(device), tokenizer, name=source.name, **kw)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
 
     # --- text ---------------------------------------------------------------------
     @property

@@ -9,7 +9,8 @@ import torch
 
 from ..drafters.block import BlockConfig, BlockDrafter, BlockModel
 from ..drafters.layers import FrozenLMHead
-from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary
+from .common import (DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary, for_training,
+                     mixed_precision)
 from .features import FeatureStore
 
 
@@ -28,8 +29,10 @@ class BlockTrainConfig:
     seed: int = 0
 
 
-def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: int, anchors: np.ndarray):
-    """Inputs for all anchor blocks of one sequence [a, b): features, block tokens/positions, mask, teachers.
+def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: int, anchors: np.ndarray,
+                device: torch.device | str = "cpu"):
+    """Inputs for all anchor blocks of one sequence [a, b): features, block tokens/positions, mask, teachers
+    (the model's inputs on `device`; teacher rows and validity stay on the CPU).
 
     Block i starts at anchor p_i (the "last accepted token"): it sees target features of positions
     < p_i, its own gamma positions (non-causally), and nothing of the other blocks. Its position j
@@ -46,6 +49,7 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
     rows = (anchors[:, None] + np.arange(gamma - 1)[None]).clip(max=t - 1)  # teacher rows, within the sequence
     valid = (anchors[:, None] + np.arange(gamma - 1)[None] < t) & (np.asarray(store.assistant[a:b])[rows] == 1)
     roots = torch.from_numpy(np.asarray(store.tokens[a:b])[anchors].astype(np.int64))
+    feats, roots, pos, allowed = (x.to(device) for x in (feats, roots, pos, allowed))
     return feats, roots, pos, allowed, rows + a, torch.from_numpy(valid)
 
 
@@ -61,7 +65,7 @@ def block_hidden(model: BlockModel, embed: torch.Tensor, feats, roots, pos, allo
     anchors = pos[:, 0]
     last = torch.where((anchors > 0)[:, None], feats[(anchors - 1).clamp_min(0)], model.feature_mean[None])
     x = model.block_inputs(embed[roots], last)
-    ctx = model.context(ctx_h, torch.arange(len(feats)))
+    ctx = model.context(ctx_h, torch.arange(len(feats), device=feats.device))
     h = model(x.reshape(-1, x.shape[-1]), pos.reshape(-1), ctx, allowed)
     return h.view(len(roots), g, -1)[:, 1:]
 
@@ -87,8 +91,9 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     sample = np.asarray(store.features[:: max(1, len(store.tokens) // 50_000)][:, store.layer_slice(layers)],
                         dtype=np.float32)
     model.set_feature_stats(torch.from_numpy(sample.mean(0)), torch.from_numpy(sample.std(0)))
+    model.float().to(target.device)  # float32 weights; forward passes autocast to a bf16 target's dtype
     vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
-    drafter = BlockDrafter.for_target(model, target, vocab)
+    drafter = for_training(BlockDrafter.for_target(model, target, vocab))
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
     cols = store.layer_slice(layers)
     weights = depth_weights(cfg.gamma - 1, cfg.gamma)
@@ -109,10 +114,12 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
                 if len(anchors) == 0:
                     continue
-                feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, cfg.gamma, anchors)
-                logits = block_forward(model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
-                teacher = Teacher.gather(store, rows, t2d)
-                total = total + distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
+                feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, cfg.gamma, anchors,
+                                                                   target.device)
+                with mixed_precision(target):
+                    logits = block_forward(model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
+                    teacher = Teacher.gather(store, rows, t2d)
+                    total = total + distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
                 anchors_seen += len(anchors)
             going = trainer.step(total, anchors_seen=anchors_seen)
             if not going:
@@ -140,7 +147,7 @@ def evaluate_block(drafter: BlockDrafter, store: FeatureStore, cols: np.ndarray,
         anchors = pick_anchors(store, a, b, anchors_per_seq, rng)
         if len(anchors) == 0:
             continue
-        feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors)
+        feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors, drafter.embed.device)
         logits = block_forward(drafter.model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
         draft = drafter.lm_head.to_target_ids(logits.argmax(-1))
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))

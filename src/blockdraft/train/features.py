@@ -7,7 +7,9 @@ training step, so we compute them once and train every drafter, for as many epoc
 from memory-mapped numpy arrays (plain .npy: no pickle).
 
 Layout of a store folder:
-    meta.json            target name/vocab/hidden size, feature layers, token count, top-k
+    meta.json            target name/vocab/hidden size, feature layers, token count, top-k, the target's
+                         dtype when the store was built (features may be computed in bf16; a store is
+                         reused across dtypes)
     tokens.npy           int32 [N]      the token ids, conversations back to back
     starts.npy           int64 [S+1]    where each conversation starts in `tokens`
     assistant.npy        uint8 [N]      1 where the *next* token belongs to an assistant reply
@@ -161,7 +163,7 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, t
     starts = array("starts", np.int64, (len(records) + 1,))
     meta = meta or {"target": target.name, "vocab_size": target.vocab_size, "hidden_size": h, "layers": list(layers),
                     "top_k": top_k, "max_len": max_len, "capacity": capacity, "n_tokens": 0, "n_seqs": 0,
-                    "next_record": 0, "seed": seed}
+                    "next_record": 0, "seed": seed, "dtype": str(target.dtype).removeprefix("torch.")}
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
     n, s = meta["n_tokens"], meta["n_seqs"]
@@ -176,16 +178,18 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, t
         if m < 16:
             break
         ids, mask = ids[:m], mask[:m]
-        hs = target.model.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False).hidden_states
-        feats[n : n + m] = torch.cat([hs[i][0] for i in layers], dim=-1).to(torch.float16).numpy()
+        # in the target's dtype, on its device; stored as float16 numpy arrays
+        x = torch.tensor([ids], device=target.device)
+        hs = target.model.model(input_ids=x, output_hidden_states=True, use_cache=False).hidden_states
+        feats[n : n + m] = torch.cat([hs[i][0] for i in layers], dim=-1).to(torch.float16).cpu().numpy()
         # The teacher is only needed where drafts are trained (reply positions): the LM head over the
         # full vocabulary is a third of the forward's cost, so skip it elsewhere.
         rows = torch.tensor(mask, dtype=torch.bool)
-        logp = torch.log_softmax(target.model.lm_head(hs[-1][0][rows]).float(), dim=-1)
+        logp = torch.log_softmax(target.model.lm_head(hs[-1][0][rows.to(target.device)]).float(), dim=-1)
         top = logp.topk(top_k, dim=-1)
         ids_k = torch.zeros(m, top_k, dtype=torch.int32)
         logp_k = torch.full((m, top_k), -1e4, dtype=torch.float16)
-        ids_k[rows], logp_k[rows] = top.indices.int(), top.values.to(torch.float16)
+        ids_k[rows], logp_k[rows] = top.indices.int().cpu(), top.values.to(torch.float16).cpu()
         topk_ids[n : n + m] = ids_k.numpy()
         topk_logp[n : n + m] = logp_k.numpy()
         tokens[n : n + m] = ids

@@ -9,7 +9,8 @@ import torch
 
 from ..drafters.heads import HeadsConfig, HeadsDrafter, HeadsModel
 from ..drafters.layers import FrozenLMHead
-from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary
+from .common import (DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary, for_training,
+                     frozen_float32, mixed_precision)
 from .features import FeatureStore
 
 
@@ -49,7 +50,7 @@ class HeadPositions:
 
 
 def heads_forward(model: HeadsModel, lm_head: FrozenLMHead, store: FeatureStore, col: np.ndarray, p: np.ndarray):
-    h = torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32))
+    h = torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32)).to(lm_head.weight.device)
     return lm_head(model(h))  # [B, k, V']
 
 
@@ -59,14 +60,14 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     rng = np.random.default_rng(cfg.seed)
     final = store.layers[-1]
     if cfg.init:
-        drafter = HeadsDrafter.from_pretrained(cfg.init, target)
+        drafter = for_training(HeadsDrafter.from_pretrained(cfg.init, target))
         model = drafter.model
         model.config.training = {"init": str(cfg.init), "init_training": model.config.training}
-    else:
-        model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size))
+    else:  # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
+        model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size)).to(target.device)
         vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
-        drafter = HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, vocab),
-                               embed=target.model.get_input_embeddings().weight.detach())
+        drafter = HeadsDrafter(model, FrozenLMHead(frozen_float32(target.model.get_output_embeddings().weight), vocab),
+                               embed=frozen_float32(target.model.get_input_embeddings().weight))
     cfg.num_heads = model.config.num_heads
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
     col = store.layer_slice((final,))
@@ -82,8 +83,9 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
         for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
             p = np.sort(order[i : i + cfg.batch])
             rows, ok = positions.batch(p)
-            logits = heads_forward(model, drafter.lm_head, store, col, p)
-            loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
+            with mixed_precision(target):
+                logits = heads_forward(model, drafter.lm_head, store, col, p)
+                loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
             going = trainer.step(loss, positions_seen=(trainer.step_no + 1) * cfg.batch)
             if not going:
                 break

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..refine.neural import NeuralLM, NeuralLMConfig, NeuralRescorer
-from .common import DraftMetrics, Teacher, Trainer, distill_loss, draft_vocabulary
+from .common import DraftMetrics, Teacher, Trainer, distill_loss, draft_vocabulary, for_training, mixed_precision
 from .features import FeatureStore
 
 
@@ -42,16 +42,17 @@ def window_batch(store: FeatureStore, embed: torch.Tensor, s: np.ndarray, window
     rows = s[:, None] + np.arange(window)[None]
     tokens = torch.from_numpy(np.asarray(store.tokens[rows.reshape(-1)], dtype=np.int64)).view(rows.shape)
     valid = torch.from_numpy(np.asarray(store.assistant[rows.reshape(-1)], dtype=bool)).view(rows.shape)
-    return embed[tokens], Teacher.gather(store, rows, t2d), valid
+    return embed[tokens.to(embed.device)], Teacher.gather(store, rows, t2d), valid
 
 
 def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: NeuralTrainConfig,
                  resume: bool = False) -> NeuralRescorer:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    model = NeuralLM(NeuralLMConfig(target.hidden_size, cfg.width, cfg.num_layers, window=cfg.window))
+    # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
+    model = NeuralLM(NeuralLMConfig(target.hidden_size, cfg.width, cfg.num_layers, window=cfg.window)).to(target.device)
     vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
-    rescorer = NeuralRescorer.for_target(model, target, vocab)
+    rescorer = for_training(NeuralRescorer.for_target(model, target, vocab))
     embed, head = rescorer.embed, rescorer.lm_head
     t2d = head.target_to_draft(target.vocab_size)
     starts = windows(store, cfg.window)
@@ -65,7 +66,8 @@ def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, c
         order = rng.permutation(starts)
         for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
             emb, teacher, ok = window_batch(store, embed, order[i : i + cfg.batch], cfg.window, t2d)
-            loss = distill_loss(head(model(emb)), teacher, ok.float())
+            with mixed_precision(target):
+                loss = distill_loss(head(model(emb)), teacher, ok.float())
             going = trainer.step(loss, windows_seen=(trainer.step_no + 1) * cfg.batch)
             if not going:
                 break

@@ -13,7 +13,7 @@ from ..drafters.heads import HeadsDrafter
 from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
 from ..errors import BlockdraftError
 from .block import block_batch, block_hidden, pick_anchors
-from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss
+from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, for_training, mixed_precision
 from .features import FeatureStore
 from .heads import HeadPositions
 
@@ -33,7 +33,7 @@ class TreeFlashTrainConfig:
 def module_batch(drafter: BlockDrafter, store: FeatureStore, a: int, b: int, cols, anchors):
     """(frozen block states [A, g-1, H], true parent tokens [A, g-1], teacher rows, valid)."""
     g = drafter.config.gamma
-    feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors)
+    feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors, drafter.embed.device)
     with torch.no_grad():
         h = block_hidden(drafter.model, drafter.embed, feats, roots, pos, allowed)
     return h, true_parents(store, rows), rows, ok
@@ -43,7 +43,8 @@ def heads_module_batch(drafter: HeadsDrafter, store: FeatureStore, positions: He
     """The same for BPD heads at state positions p: (frozen head states [B, k, H], parents, rows, valid)."""
     rows, ok = positions.batch(p)
     with torch.no_grad():
-        h = drafter.model(torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32)))
+        feats = torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32))
+        h = drafter.model(feats.to(drafter.embed.device))
     return h, true_parents(store, rows), rows, ok
 
 
@@ -52,12 +53,17 @@ def true_parents(store: FeatureStore, rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(store.tokens[rows.reshape(-1)], dtype=np.int64)).view(rows.shape)
 
 
+def parent_embeddings(base, parents: torch.Tensor) -> torch.Tensor:
+    return base.embed[parents.to(base.embed.device)]
+
+
 def load_base(folder, target):
-    """The frozen drafter the module builds on, whichever kind the checkpoint holds."""
+    """The frozen drafter the module builds on, whichever kind the checkpoint holds (in float32, on the
+    target's device)."""
     kind = read_config(folder).get("blockdraft_drafter")
     if kind not in ("block", "heads"):
         raise BlockdraftError(f"--init '{folder}' must be a block drafter or BPD heads checkpoint (found {kind})")
-    base = (BlockDrafter if kind == "block" else HeadsDrafter).from_pretrained(folder, target)
+    base = for_training((BlockDrafter if kind == "block" else HeadsDrafter).from_pretrained(folder, target))
     for p in base.model.parameters():
         p.requires_grad_(False)
     return base
@@ -111,7 +117,7 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
     rng = np.random.default_rng(cfg.seed)
     base = load_base(cfg.init, target)
     module = ARApproxModule(ARApproxConfig(target.hidden_size, cfg.inner_size, block_drafter=str(cfg.init),
-                                           base_kind=base.kind))
+                                           base_kind=base.kind)).to(target.device)
     drafter = TreeFlashDrafter(base, module)
     t2d = base.lm_head.target_to_draft(target.vocab_size)
     depth = base.config.gamma - 1 if isinstance(base, BlockDrafter) else base.config.num_heads
@@ -123,8 +129,9 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
     module.train()
     if trainer.step_no < steps:
         for h, parents, rows, ok in batches(base, store, cfg, rng):
-            logits = base.lm_head(module(h, base.embed[parents]))
-            loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
+            with mixed_precision(target):
+                logits = base.lm_head(module(h, parent_embeddings(base, parents)))
+                loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
             if not trainer.step(loss):
                 break
     trainer.close()
@@ -146,7 +153,7 @@ def evaluate_treeflash(drafter: TreeFlashDrafter, store: FeatureStore, seed: int
     cfg = TreeFlashTrainConfig(anchors_per_seq=16, batch=256)
     metrics = DraftMetrics()
     for h, parents, rows, ok in batches(base, store, cfg, np.random.default_rng(seed), True, max_batches):
-        logits = base.lm_head(drafter.module(h, base.embed[parents]))
+        logits = base.lm_head(drafter.module(h, parent_embeddings(base, parents)))
         draft = base.lm_head.to_target_ids(logits.argmax(-1))
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
         metrics.add(draft, teacher_top1.view(rows.shape), ok)

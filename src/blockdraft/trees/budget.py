@@ -2,7 +2,8 @@
 
 A tree of B draft nodes costs t(B) / t(0) single-token steps to verify; on a 2-core CPU that
 ratio jumps to ~1.6 at once and keeps rising (unlike a GPU, where it stays ~1 up to dozens of
-nodes). `--budget auto` measures the curve once per target and thread count (cached as JSON),
+nodes). `--budget auto` measures the curve once per target, dtype, device and thread count (bf16
+and float32 curves differ several-fold on a CPU with AMX; cached as JSON),
 then picks, at every step, the B that maximises expected tokens per unit of time:
     (1 + sum_{i <= B} P(node i accepted)) / cost(B),
 where a best-first tree's nodes come best first and P(node) = exp(its cumulative drafter
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import BlockdraftError
 from ..target.loading import cache_dir
+from ..target.precision import cache_key
 from .tree import DraftTree
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -43,9 +46,14 @@ def measure_cost_curve(target, sizes=SIZES, reps: int = 5, context: int = 128) -
     return {b: t / times[0] for b, t in times.items()}
 
 
+def cost_curve_path(target) -> Path:
+    """One cache file per target, dtype, device and thread count."""
+    return cache_dir() / "cost" / f"{cache_key(target)}.json"
+
+
 def cost_curve(target) -> dict[int, float]:
-    """The cached curve for this target and thread count, measured on first use (~10 s)."""
-    path = cache_dir() / "cost" / f"{target.name}-threads{torch.get_num_threads()}.json"
+    """The cached curve for this target, dtype, device and thread count, measured on first use (~10 s)."""
+    path = cost_curve_path(target)
     if path.is_file():
         return {int(k): v for k, v in json.loads(path.read_text()).items()}
     curve = measure_cost_curve(target)

@@ -49,6 +49,10 @@ class Acceptor:
 
 
 def sample(p: torch.Tensor, gen: torch.Generator | None) -> int:
+    """One draw from p with `gen`, on the generator's device (the decoder's is a CPU generator, so
+    a run's samples depend on its seed, not on where the target runs)."""
+    if gen is not None and p.device != gen.device:
+        p = p.to(gen.device)
     return int(torch.multinomial(p, 1, generator=gen))
 
 

@@ -40,7 +40,7 @@ class RejectionAcceptor(Acceptor):
         r = self.params.probs(logits)
         for c in tree.children[node]:
             x = int(tree.tokens[c])
-            q = None if tree.q is None or torch.isnan(tree.q[c, 0]) else tree.q[c].float()
+            q = None if tree.q is None or torch.isnan(tree.q[c, 0]) else tree.q[c].to(r.device, torch.float32)
             q_x = 1.0 if q is None else float(q[x])
             if q_x > 0 and float(torch.rand((), generator=gen)) * q_x < float(r[x]):
                 return c, x

@@ -1,0 +1,86 @@
+"""Which dtype and device a target runs in: `auto` resolution, checked names, and the cache key they form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import BlockdraftError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+CPUINFO = Path("/proc/cpuinfo")
+BF16_PROBES = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # in torch.cpu
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True on CPUs with AMX or AVX512-BF16 (bf16 matmuls in hardware): torch's own probes, else /proc/cpuinfo."""
+    probes = [getattr(torch.cpu, name, None) for name in BF16_PROBES]
+    try:
+        if any(probe() for probe in probes if probe is not None):
+            return True
+    except RuntimeError:
+        pass
+    try:
+        flags = CPUINFO.read_text().split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N' -> torch.device, or a clear error."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return torch.device("cpu")
+    kind, _, index = spec.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise BlockdraftError(f"unknown device '{spec}': use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise BlockdraftError(f"device '{spec}' asked for, but CUDA is not available here "
+                              f"(torch {torch.__version__}, {torch.cuda.device_count()} GPUs): use --device cpu")
+    if index and int(index) >= torch.cuda.device_count():
+        raise BlockdraftError(f"device '{spec}' does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    # with its index, as a model's .device reports it, so that devices compare equal
+    return torch.device("cuda", int(index) if index else torch.cuda.current_device())
+
+
+def resolve_dtype(spec: str | torch.dtype | None = "auto", device: torch.device | str = "cpu") -> torch.dtype:
+    """'auto' -> bfloat16 on CUDA (float16 on GPUs without bf16) and on CPUs with AMX / AVX512-BF16,
+    float32 elsewhere; or one of float32, bfloat16, float16 (fp32, bf16, fp16)."""
+    if isinstance(spec, torch.dtype):
+        if spec not in DTYPES.values():
+            raise BlockdraftError(f"unsupported dtype {spec}: use one of auto, {', '.join(DTYPES)}")
+        return spec
+    name = (spec or "auto").strip().lower()
+    name = ALIASES.get(name, name)
+    if name == "auto":
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if name not in DTYPES:
+        raise BlockdraftError(f"unknown dtype '{spec}': use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_precision(dtype="auto", device="auto") -> tuple[torch.dtype, torch.device]:
+    """(dtype, device) from user input: the device first, since 'auto' dtype depends on it."""
+    dev = resolve_device(device)
+    return resolve_dtype(dtype, dev), dev
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16'."""
+    return str(dtype).removeprefix("torch.")
+
+
+def cache_key(target, threads: int | None = None) -> str:
+    """What a measurement on this target depends on, as a file name: target, dtype, device, CPU threads."""
+    threads = threads or torch.get_num_threads()
+    device = str(target.device).replace(":", "")
+    return f"{target.name}-{dtype_name(target.dtype)}-{device}-threads{threads}"

@@ -1,0 +1,132 @@
+"""Every method end to end with a bfloat16 target: drafters follow its dtype, greedy output has no real
+mismatch against `ar`, sampling still follows the target's distribution (chi-square)."""
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import conversations
+from test_sampling_lossless import chi_square_p
+from tiny_checkpoints import build_checkpoints, in_dtype
+
+from blockdraft import SamplingParams, SpeculativeDecoder, Target, methods
+from blockdraft.bench import ties
+from blockdraft.drafters import HeadsDrafter
+from blockdraft.methods import METHODS, make_drafter
+
+TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny, stores, tmp_path_factory):
+    return build_checkpoints(tiny, stores, tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(autouse=True)
+def shipped(checkpoints, monkeypatch):
+    monkeypatch.setattr(methods, "CHECKPOINTS", checkpoints)  # every method loads by its bare name
+
+
+@pytest.fixture(scope="module")
+def bf16(tiny):
+    return in_dtype(tiny, torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(bf16):
+    """Prompts, `ar`'s bf16 outputs, the float32 reference model and a tolerance measured on these outputs."""
+    prompts = [bf16.encode(p, chat_template=False) for p in ("tell me more now\n", "abcab abcab abc")]
+    ar = [SpeculativeDecoder(bf16, make_drafter("ar", bf16)).generate(p, TOKENS).tokens for p in prompts]
+    tolerance = ties.measure_tolerance(bf16, [p + a for p, a in zip(prompts, ar)], "ar outputs")["tolerance"]
+    return prompts, ar, ties.float32_reference(bf16), tolerance
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_greedy_in_bf16_has_no_real_mismatch(bf16, greedy_reference, method):
+    prompts, ar, reference, tolerance = greedy_reference
+    assert reference.dtype == torch.float32 and bf16.model.dtype == torch.bfloat16
+    drafter = make_drafter(method, bf16)
+    for qid, (prompt, ref) in enumerate(zip(prompts, ar)):
+        res = SpeculativeDecoder(bf16, drafter).generate(prompt, TOKENS)
+        identical, found, _ = ties.classify_question(qid, [ref], [res.tokens], lambda t: prompt, reference,
+                                                     tolerance)
+        assert identical + len(found) == 1 and all(d.tie for d in found), found
+        if method != "ar" and qid == 0:
+            assert res.stats.tree_nodes > res.stats.target_calls  # drafts were verified, not just roots
+
+
+@pytest.fixture(scope="module")
+def sampling_target(tiny):
+    """The bf16 target without EOS (every run emits exactly two tokens) and the exact two-token distribution
+    (top-k 4: at most 16 outcomes, so that a few hundred runs give the test power)."""
+    model = copy.deepcopy(tiny.model).to(torch.bfloat16)
+    model.generation_config.eos_token_id = None
+    model.config.eos_token_id = None
+    target = Target(model, None, name=tiny.name)
+    prompt = tiny.encode("tell me more now\n", chat_template=False)
+    params = SamplingParams(1.0, top_k=4)
+    with torch.no_grad():
+        p1 = params.probs(model(torch.tensor([prompt])).logits[0, -1])
+        seqs = torch.tensor([prompt + [a] for a in range(target.vocab_size)])
+        p2 = params.probs(model(seqs).logits[:, -1])
+    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(target.vocab_size) for b in range(target.vocab_size)}
+    return target, prompt, params, expected
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_sampling_in_bf16_follows_the_target_distribution(sampling_target, method):
+    target, prompt, params, expected = sampling_target
+    decoder = SpeculativeDecoder(target, make_drafter(method, target), params)
+    n, counts, calls = 400, {}, 0
+    for seed in range(n):
+        res = decoder.generate(prompt, max_new_tokens=2, seed=seed)
+        counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
+        calls += res.stats.target_calls
+    assert chi_square_p(counts, expected, n) > 0.01
+    if method not in ("ar", "lookup"):  # the prompt offers lookup nothing to copy after its last token
+        assert calls < 2 * n, "no draft was ever accepted: the test would not exercise verification"
+
+
+def test_every_drafter_kind_runs_in_the_target_dtype(bf16):
+    prompt = bf16.encode("tell me more now\n", chat_template=False)
+    kinds = {"bpd": "bpd", "dflash": "dflash", "treeflash": "treeflash", "hydra": "hydra", "neural": "bpd-neural"}
+    for name, method in kinds.items():
+        drafter = make_drafter(method, bf16)
+        SpeculativeDecoder(bf16, drafter).generate(prompt, 8)
+        base = getattr(drafter, "base", drafter)
+        modules = [base.model, base.lm_head] + [getattr(drafter, "module", base.model)]
+        if name == "neural":
+            modules.append(drafter.rescorer.model)
+        for module in modules:
+            assert {p.dtype for p in [*module.parameters(), *module.buffers()] if p.is_floating_point()} \
+                == {torch.bfloat16}, name
+        assert base.last_hidden.dtype == torch.bfloat16, name  # the drafter's own states, not only its weights
+        lattice = base.last_lattice  # the last step's lattice (the final step drafts nothing)
+        assert lattice.tokens.device.type == "cpu" and lattice.logp.dtype == torch.float32
+    block = make_drafter("dflash", bf16)
+    block.reset([])
+    assert all(k.dtype == torch.bfloat16 for kv in block.ctx_kv for k in kv)
+    from blockdraft.bench.analyze import analyze_prompt  # `blockdraft analyze` replays bf16 lattices too
+
+    tree = make_drafter("treeflash", bf16)
+    row = analyze_prompt(bf16, make_drafter("dflash:top_k=16", bf16), {"treeflash": tree}, prompt, "toy", 16)
+    real = SpeculativeDecoder(bf16, make_drafter("treeflash", bf16)).generate(prompt, 16)
+    assert row.replayed["treeflash"] == pytest.approx(real.stats.tau)
+
+
+def test_training_with_a_bf16_target(tiny, tmp_path):
+    from blockdraft.train.features import build_store
+    from blockdraft.train.heads import HeadsTrainConfig, train_heads
+
+    bf16 = in_dtype(tiny, torch.bfloat16)
+    store = build_store(bf16, conversations(40), tmp_path / "store", max_tokens=2000, max_len=64, top_k=8)
+    assert store.meta["dtype"] == "bfloat16"
+    drafter = train_heads(bf16, store, None, tmp_path / "heads",
+                          HeadsTrainConfig(num_heads=2, inner_size=32, draft_vocab=0, epochs=4, batch=32, lr=5e-3))
+    assert next(drafter.model.parameters()).dtype == torch.float32  # trained weights stay float32
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "heads" / "train_log.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0] - 0.1, losses
+    for target, dtype in ((bf16, torch.bfloat16), (tiny, torch.float32)):  # the checkpoint loads into either
+        loaded = HeadsDrafter.from_pretrained(tmp_path / "heads", target)
+        assert next(loaded.model.parameters()).dtype == dtype
