@@ -17,11 +17,12 @@ torch.set_num_threads(2)
 CHARS = list("abcdefghijklmnopqrstuvwxyz .,!?")
 
 
-def tiny_llama(vocab_size: int = 48, seed: int = 0, logit_scale: float = 1.0, layers: int = 2) -> LlamaForCausalLM:
+def tiny_llama(vocab_size: int = 48, seed: int = 0, logit_scale: float = 1.0, layers: int = 2,
+               hidden: int = 32) -> LlamaForCausalLM:
     """A randomly initialised Llama with a few layers; `logit_scale` makes its distributions peakier."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
     )

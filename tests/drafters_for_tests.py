@@ -44,3 +44,53 @@ class SampledChainDrafter(Drafter):
     def propose(self, ctx):
         draft = torch.multinomial(self.q, 1, generator=self.gen).reshape(-1)
         return DraftTree.chain(ctx.tokens[-1], draft, self.q)
+
+
+class SampledTreeDrafter(Drafter):
+    """Samples each node's children i.i.d. from q[depth] and reports q: rejection sampling's premise, on trees.
+
+    `widths[d]` children hang under every node at depth d (duplicate siblings allowed), so the tree
+    always reaches depth len(widths); widths (1, 1, 1) is a chain.
+    """
+
+    name = "sampled-tree"
+
+    def __init__(self, q: torch.Tensor, widths: tuple[int, ...], seed: int = 0):
+        self.q, self.widths = q, widths
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def propose(self, ctx):
+        tokens, parents, rows = [ctx.tokens[-1]], [-1], [torch.full_like(self.q[0], float("nan"))]
+        level = [0]
+        for d, width in enumerate(self.widths):
+            below = []
+            for node in level:
+                for tok in torch.multinomial(self.q[d], width, replacement=True, generator=self.gen).tolist():
+                    below.append(len(tokens))
+                    tokens.append(tok)
+                    parents.append(node)
+                    rows.append(self.q[d])
+            level = below
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.stack(rows))
+
+
+class KnownAcceptanceDrafter(Drafter):
+    """Drafts the target's own greedy continuation for `right` tokens, then a wrong token.
+
+    Under greedy verification every step accepts exactly `right` drafts (fewer only where the
+    token budget cuts the tree), so tau and the acceptance histogram can be counted by hand.
+    """
+
+    name = "known-acceptance"
+
+    def __init__(self, model, right: int):
+        self.model, self.right = model, right
+
+    @torch.no_grad()
+    def propose(self, ctx):
+        seq = list(ctx.tokens)
+        for _ in range(self.right + 1):
+            seq.append(int(self.model(torch.tensor([seq])).logits[0, -1].argmax()))
+        draft = seq[len(ctx.tokens):]
+        draft[-1] = (draft[-1] + 1) % self.model.config.vocab_size  # not what the target wants
+        return DraftTree.chain(ctx.tokens[-1], draft)

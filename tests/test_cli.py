@@ -1,12 +1,16 @@
 """The `blockdraft` command: streaming, --json fields, and one-line errors with exit code 2."""
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
 from blockdraft.cli import main
+from blockdraft.methods import METHODS
+
+from drafters_for_tests import KnownAcceptanceDrafter
 
 
 def run_cli(*args):
@@ -14,16 +18,26 @@ def run_cli(*args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def test_generate_json_on_tiny_model(tiny_model_dir, capsys):
-    rc = main(["generate", "abc abc abc", "--target", str(tiny_model_dir), "--method", "lookup",
-               "--max-new-tokens", "12", "--json", "--no-chat-template"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
-    for key in ("text", "new_tokens", "target_calls", "tau", "tokens_per_s", "method"):
-        assert key in out
-    assert out["method"] == "lookup" and out["lossless"] is True
-    assert 1 <= out["new_tokens"] <= 12 and out["target_calls"] >= 1
-    assert out["tau"] == pytest.approx(out["new_tokens"] / out["target_calls"])
+def generate_json(capsys, model_dir, *args) -> dict:
+    assert main(["generate", "abc abc abc", "--target", str(model_dir), "--max-new-tokens", "12", "--json",
+                 "--no-chat-template", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_json_on_tiny_model(tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.setitem(METHODS, "known", (lambda target, **kw: KnownAcceptanceDrafter(target.model, 2), "test"))
+    ar = generate_json(capsys, tiny_model_dir, "--method", "ar")
+    for key in ("text", "tokens", "new_tokens", "target_calls", "tau", "tokens_per_s", "method", "lossless"):
+        assert key in ar
+    lookup = generate_json(capsys, tiny_model_dir, "--method", "lookup")
+    assert lookup["method"] == "lookup" and lookup["tokens"] == ar["tokens"] and lookup["text"] == ar["text"]
+    # a drafter right for exactly 2 tokens per step: 3 tokens per target call, the last call takes the rest
+    known = generate_json(capsys, tiny_model_dir, "--method", "known")
+    n = ar["new_tokens"]
+    assert known["tokens"] == ar["tokens"] and n > 3
+    assert known["target_calls"] == math.ceil(n / 3) and known["tau"] == pytest.approx(n / math.ceil(n / 3))
+    # a lossy acceptance rule says so
+    assert generate_json(capsys, tiny_model_dir, "--acceptor", "typical", "--temperature", "1")["lossless"] is False
 
 
 def test_streamed_text_equals_json_text(tiny_model_dir, capsys):

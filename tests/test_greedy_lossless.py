@@ -6,7 +6,7 @@ import torch
 from blockdraft import NoDrafter, PromptLookupDrafter, SpeculativeDecoder, Target
 
 from conftest import tiny_llama
-from drafters_for_tests import RandomTreeDrafter
+from drafters_for_tests import KnownAcceptanceDrafter, RandomTreeDrafter
 
 
 def _hf_greedy(model, prompt, n):
@@ -49,6 +49,17 @@ def test_tree_drafter_actually_accepts_multiple_tokens():
     res = SpeculativeDecoder(target, RandomTreeDrafter(24, 16, favour=ref)).generate(prompt, 30)
     assert res.tokens == ref
     assert res.stats.tau > 1.0 and max(res.stats.accepted_hist) >= 2
+
+
+def test_tau_and_acceptance_histogram_match_a_hand_count():
+    """2 drafts right per step: 13 tokens = 4 steps of 3 (2 drafts + bonus) and 1 step with no room to draft."""
+    target = _eos_free_target()
+    prompt = [3, 4, 5, 6, 3, 4, 5, 7]
+    res = SpeculativeDecoder(target, KnownAcceptanceDrafter(target.model, right=2)).generate(prompt, 13)
+    assert res.tokens == _hf_greedy(target.model, prompt, 13)
+    assert res.stats.target_calls == 5 and res.stats.tau == pytest.approx(13 / 5)
+    assert res.stats.accepted_hist == {2: 4, 0: 1}
+    assert res.stats.tree_nodes == 4 * 4 + 1  # root + 3 drafts each time, then the root alone
 
 
 def test_eos_and_max_new_tokens_cut_the_output(tiny_target):

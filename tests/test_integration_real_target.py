@@ -15,13 +15,17 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def ar_replies(real_target):
+    """Plain greedy decoding of every prompt (48 tokens at most), computed once: the reference."""
+    return {p: SpeculativeDecoder(real_target, NoDrafter()).generate(real_target.encode(p), 48).tokens
+            for p in PROMPTS}
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_lookup_equals_ar_token_for_token(real_target, prompt):
-    ids = real_target.encode(prompt)
-    ar = SpeculativeDecoder(real_target, NoDrafter()).generate(ids, 48)
-    lookup = SpeculativeDecoder(real_target, PromptLookupDrafter(max_branches=3)).generate(ids, 48)
-    assert lookup.tokens == ar.tokens
-    assert ar.stats.tau == 1.0
+def test_lookup_equals_ar_token_for_token(real_target, ar_replies, prompt):
+    lookup = SpeculativeDecoder(real_target, PromptLookupDrafter(max_branches=3))
+    assert lookup.generate(real_target.encode(prompt), 48).tokens == ar_replies[prompt]
 
 
 def test_ar_equals_transformers_generate(real_target):
@@ -35,23 +39,29 @@ def test_ar_equals_transformers_generate(real_target):
 def test_copying_prompt_gets_multi_token_steps(real_target):
     ids = real_target.encode(PROMPTS[0])
     res = SpeculativeDecoder(real_target, PromptLookupDrafter()).generate(ids, 48)
-    assert res.stats.tau > 1.5
+    assert res.stats.new_tokens >= 8 and res.stats.target_calls < res.stats.new_tokens / 1.5
 
 
-@pytest.mark.parametrize("method", ["bpd", "dflash", "bpd-ngram", "bpd-neural", "medusa", "ddtree:prior=0.5",
-                                    "treeflash", "hydra"])
-def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, method):
+# tau = new tokens / target calls over PROMPTS[1:] (87 tokens), measured 2026-12-01: bpd 1.64, dflash 1.48,
+# bpd-ngram 2.02, bpd-neural 1.74, medusa 1.85, ddtree:prior=0.5 2.07, treeflash 2.18, hydra 2.18.
+# Each floor sits ~10% below, so a drafter that stopped helping (or a broken checkpoint) fails.
+TAU_FLOOR = {"bpd": 1.45, "dflash": 1.3, "bpd-ngram": 1.8, "bpd-neural": 1.55, "medusa": 1.65,
+             "ddtree:prior=0.5": 1.85, "treeflash": 1.95, "hydra": 1.95}
+
+
+@pytest.mark.parametrize("method", list(TAU_FLOOR))
+def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, ar_replies, method):
     from blockdraft.methods import make_drafter
 
-    calls = 0
+    new_tokens = calls = 0
     for prompt in PROMPTS[1:]:
-        ids = real_target.encode(prompt)
-        ar = SpeculativeDecoder(real_target, NoDrafter()).generate(ids, 48)
-        spec = SpeculativeDecoder(real_target, make_drafter(method, real_target)).generate(ids, 48)
-        assert spec.tokens == ar.tokens
+        decoder = SpeculativeDecoder(real_target, make_drafter(method, real_target))
+        spec = decoder.generate(real_target.encode(prompt), 48)
+        assert spec.tokens == ar_replies[prompt]
+        new_tokens += spec.stats.new_tokens
         calls += spec.stats.target_calls
-    assert calls < 0.95 * 2 * 48  # the shipped drafter is trained: drafts do get accepted
-
+    assert new_tokens > 48  # long replies: the guard below is not about two or three steps
+    assert calls < new_tokens / TAU_FLOOR[method], f"tau {new_tokens / calls:.2f}"
 
 
 def test_refinement_beats_plain_bpd_on_a_reply(real_target):
@@ -66,14 +76,22 @@ def test_refinement_beats_plain_bpd_on_a_reply(real_target):
     assert row.replayed["bpd-ngram"] > row.tau and row.oracle[16] >= row.replayed["bpd-ngram"]
 
 
-@pytest.mark.parametrize("chain,tree", [("dflash", "treeflash"), ("bpd", "hydra")])
-def test_parent_conditioned_trees_beat_their_chain_on_a_reply(real_target, chain, tree):
-    """The shipped AR modules: their trees accept more per step than the base drafter's chain (exact replay)."""
+@pytest.mark.parametrize("base,marginal,conditioned", [("dflash", "ddtree", "treeflash"), ("bpd", "bpd-tree", "hydra")])
+def test_parent_conditioned_trees_beat_the_marginal_tree_at_the_same_budget(real_target, base, marginal,
+                                                                            conditioned):
+    """Same base drafter, same 16-node budget: transition tables beat the marginals (exact replay, 2 replies).
+
+    Measured 2026-12-01: treeflash 2.00 / 2.40 vs ddtree 1.74 / 2.09; hydra 2.00 / 2.40 vs bpd-tree 1.90 / 2.29.
+    """
     from blockdraft.bench.analyze import analyze_prompt
     from blockdraft.methods import make_drafter
 
-    ids = real_target.encode(PROMPTS[2])
-    row = analyze_prompt(real_target, make_drafter(chain, real_target, top_k=16),
-                         {tree: make_drafter(tree, real_target)}, ids, "code", 48)
-    assert row.replayed[tree] > row.tau + 0.1
-
+    taus = {marginal: [], conditioned: []}
+    for prompt in PROMPTS[1:]:
+        trees = {m: make_drafter(f"{m}:budget=16", real_target) for m in taus}
+        row = analyze_prompt(real_target, make_drafter(base, real_target, top_k=16), trees,
+                             real_target.encode(prompt), "x", 48)
+        for m in taus:
+            taus[m].append(row.replayed[m])
+    assert all(c > m for c, m in zip(taus[conditioned], taus[marginal])), taus
+    assert sum(taus[conditioned]) > 1.03 * sum(taus[marginal]), taus

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import char_tokenizer, tiny_llama
+from conftest import char_tokenizer, conversations, tiny_llama
 
 from blockdraft import Target
 from blockdraft.decoding import SpeculativeDecoder
@@ -88,13 +88,59 @@ def test_checkpoint_round_trip(tiny, trained):
     assert torch.equal(block.draft_lattice(7).tokens, block2.draft_lattice(7).tokens)
 
 
-def test_checkpoint_for_another_target_is_refused(trained):
+WRONG_TARGETS = {  # each differs from `tiny` ('tiny-llama', vocab 34, hidden 32, 2 layers) in one respect only
+    "name": dict(name="other-llama"),
+    "vocabulary": dict(vocab_size=40),
+    "hidden size": dict(hidden=48),
+    "layers": dict(layers=3),
+}
+
+
+@pytest.fixture(scope="module")
+def loaders(tiny, trained, tmp_path_factory):
+    """A checkpoint of every kind, written for `tiny` by its own save code: kind -> load(target)."""
+    from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
+    from blockdraft.methods import shipped_rescorer
+    from blockdraft.refine.neural import NeuralLM, NeuralLMConfig, NeuralRescorer
+    from blockdraft.train.run import train_command
+
+    root, _, block = trained
+    more = tmp_path_factory.mktemp("kinds")
+    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind="block"))
+    TreeFlashDrafter(block, module).save_pretrained(more / "treeflash", tiny)
+    lm = NeuralLM(NeuralLMConfig(tiny.hidden_size, width=16, num_layers=1, window=4))
+    NeuralRescorer.for_target(lm, tiny).save_pretrained(more / "neural", tiny)
+    (more / "data.json").write_text(json.dumps(conversations(80)))
+    train_command(tiny, "ngram", more / "ngram", data=str(more / "data.json"), max_tokens=2000, order=3, min_count=1)
+    return {
+        "heads": lambda t: HeadsDrafter.from_pretrained(root / "heads", t),
+        "block": lambda t: BlockDrafter.from_pretrained(root / "block", t),
+        "treeflash": lambda t: TreeFlashDrafter.from_pretrained(more / "treeflash", t, block),  # base is right
+        "ngram": lambda t: shipped_rescorer(t, "ngram", str(more / "ngram")),
+        "neural": lambda t: shipped_rescorer(t, "neural", str(more / "neural")),
+    }
+
+
+def describe(t: Target) -> str:
+    return f"'{t.name}' (vocab {t.vocab_size}, hidden {t.hidden_size}, {t.num_layers} layers)"
+
+
+@pytest.mark.parametrize("differs", list(WRONG_TARGETS))
+@pytest.mark.parametrize("kind", ["heads", "block", "treeflash", "ngram", "neural"])
+def test_checkpoint_for_another_target_is_refused(tiny, loaders, kind, differs):
+    assert loaders[kind](tiny) is not None  # the target it was made for loads it
+    spec = {"vocab_size": 34, "hidden": 32, "layers": 2, "name": "tiny-llama", **WRONG_TARGETS[differs]}
+    name = spec.pop("name")
+    wrong = Target(tiny_llama(**spec), char_tokenizer(), name=name)
+    with pytest.raises(BlockdraftError, match="was trained for target") as refused:
+        loaders[kind](wrong)
+    assert describe(tiny) in str(refused.value) and describe(wrong) in str(refused.value)
+
+
+def test_checkpoint_of_another_kind_is_refused(tiny, trained):
     root, _, _ = trained
-    other = Target(tiny_llama(vocab_size=40), char_tokenizer(), name="other-llama")
-    with pytest.raises(BlockdraftError, match="trained for target 'tiny-llama'"):
-        HeadsDrafter.from_pretrained(root / "heads", other)
     with pytest.raises(BlockdraftError, match="not a 'heads' drafter"):
-        HeadsDrafter.from_pretrained(root / "block", other)
+        HeadsDrafter.from_pretrained(root / "block", tiny)
 
 
 def test_corrupt_checkpoints_give_clear_errors(tiny, trained, tmp_path):

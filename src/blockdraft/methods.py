@@ -38,11 +38,7 @@ def shipped_rescorer(target: Target, kind: str, folder: str | None):
     folder = folder or shipped_checkpoint(target, kind, train_as)
     if kind == "neural":
         return NeuralRescorer.from_pretrained(folder, target)
-    lm = NGramLM.load(folder, target.vocab_size)
-    made_for = (lm.meta.get("target") or {}).get("name")
-    if made_for != target.name:
-        raise BlockdraftError(f"the n-gram LM '{folder}' was built for target '{made_for}', not '{target.name}'")
-    return lm
+    return NGramLM.load(folder, target=target)
 
 
 def rescored(base: str, kind: str, mode: str, alpha: float) -> Callable[..., Drafter]:

@@ -61,7 +61,8 @@ def load_checkpoint(folder, kind: str, target=None) -> tuple[dict, dict[str, tor
     return config, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
-def check_target(recorded: dict, target, folder) -> None:
+def check_target(recorded: dict, target, folder, what: str = "drafter") -> None:
+    """Refuse a checkpoint whose recorded target differs from `target` in name, vocabulary, width or depth."""
     have = target_signature(target)
     wrong = [k for k in ("vocab_size", "hidden_size", "num_layers") if recorded.get(k) != have[k]]
     if recorded.get("name") != have["name"]:
@@ -70,7 +71,7 @@ def check_target(recorded: dict, target, folder) -> None:
         def show(sig):
             return f"'{sig.get('name')}' (vocab {sig.get('vocab_size')}, hidden {sig.get('hidden_size')}, " \
                    f"{sig.get('num_layers')} layers)"
-        raise BlockdraftError(f"the drafter '{folder}' was trained for target {show(recorded)}, "
+        raise BlockdraftError(f"the {what} '{folder}' was trained for target {show(recorded)}, "
                               f"not for {show(have)}: train one for this target with `blockdraft train`")
 
 

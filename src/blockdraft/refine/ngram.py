@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drafters.checkpoint import check_target
 from ..errors import BlockdraftError
 
 MAX_ORDER = 5  # a context of 4 tokens fills the 64 bits of a packed key
@@ -172,7 +173,9 @@ class NGramLM:
         (folder / "config.json").write_text(json.dumps(config, indent=2))
 
     @classmethod
-    def load(cls, folder, vocab_size: int | None = None) -> "NGramLM":
+    def load(cls, folder, vocab_size: int | None = None, target=None) -> "NGramLM":
+        """Read config.json + ngram.npz; refuse another vocabulary size, or (given `target`) an LM whose
+        config records another target (name, vocabulary, hidden size, layers), as drafter checkpoints do."""
         folder = Path(folder)
         try:
             config = json.loads((folder / "config.json").read_text())
@@ -187,6 +190,9 @@ class NGramLM:
             raise BlockdraftError(f"the n-gram LM in '{folder}' is corrupt or incomplete ({e})") from None
         if config.get("kind") != "ngram":
             raise BlockdraftError(f"'{folder}' is a '{config.get('kind')}' checkpoint, not an n-gram LM")
+        if target is not None:
+            check_target(config.get("target") or {}, target, folder, what="n-gram LM")
+            vocab_size = target.vocab_size
         if vocab_size is not None and config["vocab_size"] != vocab_size:
             raise BlockdraftError(f"the n-gram LM in '{folder}' was built for a vocabulary of {config['vocab_size']} "
                                   f"tokens, but the target has {vocab_size}")
