@@ -9,6 +9,7 @@ from pathlib import Path
 from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter
 from .errors import BlockdraftError
 from .target import Target
+from .target.packing import prepack_linears
 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"  # shipped drafters: CHECKPOINTS/<target name>/<method>
 
@@ -150,4 +151,5 @@ def make_drafter(method: str, target: Target, **options) -> Drafter:
     except TypeError as e:
         raise BlockdraftError(f"bad option for method '{name}': {e}") from None
     drafter.name = method
+    prepack_linears(drafter)  # decoding only: training builds its modules elsewhere
     return drafter

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..target import packing
+
 
 class ResidualFFN(nn.Module):
     """x + W2 SiLU(W1 x). W2 starts at zero, so an untrained block is the identity (as in Medusa)."""
@@ -33,8 +35,15 @@ class FrozenLMHead(nn.Module):
         self.register_buffer("vocab", None if vocab is None else vocab.long().to(weight.device), persistent=False)
         w = weight.detach() if vocab is None else weight.detach()[vocab.long()]
         self.register_buffer("weight", w.clone(), persistent=False)
+        self.packed = None
+
+    def prepack(self) -> None:
+        """Pack the weight for oneDNN inference (see target/packing.py); called for decoding only."""
+        self.packed = packing.pack(self.weight)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and h.dtype == self.weight.dtype:
+            return packing.linear(h, self.weight, None, self.packed)
         return h @ self.weight.to(h.dtype).T
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import packing
+
 # Llama-style decoders: RMSNorm, rotary attention with q/k/v/o projections, SiLU-gated MLP.
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 CHUNK = 512  # KV capacity grows in steps of this many tokens
@@ -48,24 +50,17 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 
 class _Linear:
-    """y = x W^T + b. On a CPU in bf16/fp16 the weight is prepacked once into oneDNN's blocked layout:
-    the same kernel and the same result as F.linear, without re-laying out W on every call (measured
-    in BENCHMARKS.md: that per-call cost dominates a one-token step)."""
+    """y = x W^T + b for one or several projections of the same input concatenated (q|k|v, gate|up),
+    prepacked for oneDNN where that applies (target/packing.py)."""
 
     def __init__(self, linears):
-        weights = [m.weight for m in linears]
-        self.weight = torch.cat(weights).detach() if len(weights) > 1 else weights[0].detach()
+        self.weight = torch.cat([m.weight for m in linears]).detach()
         biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
         self.bias = torch.cat(biases).detach() if any(m.bias is not None for m in linears) else None
-        self.packed = None
-        w = self.weight
-        if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) and torch.backends.mkldnn.is_available():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        self.packed = packing.pack(self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return packing.linear(x, self.weight, self.bias, self.packed)
 
 
 class _Layer:
