@@ -270,8 +270,14 @@ def collect(args) -> None:
     prompts = json.loads((root / "prompts.json").read_text())
     rows = []
     for engine, modes in MODES.items():
-        parts = {m: json.loads((root / engine / f"{m}.json").read_text())
-                 for m in modes if (root / engine / f"{m}.json").is_file()}
+        # Parts older than prompts.json are from an earlier run into the same folder (other prompts): left out.
+        parts = {}
+        for m in modes:
+            path = root / engine / f"{m}.json"
+            if path.is_file() and path.stat().st_mtime < (root / "prompts.json").stat().st_mtime:
+                print(f"collect: leaving out {path}: it is older than prompts.json (an earlier run)")
+            elif path.is_file():
+                parts[m] = json.loads(path.read_text())
         if not parts:
             continue
         methods = summarize(parts, engine)
