@@ -113,7 +113,8 @@ install_vllm() {
 READY=""
 for peer in llamacpp vllm; do
   has_peer "$peer" || continue
-  if "install_$peer"; then READY="$READY $peer"; else log "$peer: SKIPPED: its install failed (logs in $PEERS_DIR/logs)"; fi
+  if "install_$peer"; then READY="$READY $peer"
+  else log "$peer: SKIPPED: its install failed (logs in $PEERS_DIR/logs)"; fi
 done
 [ "$INSTALL_ONLY" = 1 ] && { log "installed:${READY:- nothing}"; exit 0; }
 [ -n "$READY" ] || { log "no peer could be installed; nothing to measure"; exit 1; }
