@@ -86,7 +86,6 @@ class StaticEngine:
     """
 
     def __init__(self, model):
-        self.model = model
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()

@@ -27,11 +27,10 @@ def make_forwarder(model, engine: str = "auto"):
     'auto': static where it supports the model, else hf."""
     if engine not in ("auto", "static", "hf"):
         raise BlockdraftError(f"unknown engine '{engine}': choose auto, static or hf")
-    if engine == "static" and not static_engine.supports(model):
+    supported = engine != "hf" and static_engine.supports(model)
+    if engine == "static" and not supported:
         raise BlockdraftError(f"the static engine does not support model type '{model.config.model_type}'")
-    if engine != "hf" and static_engine.supports(model):
-        return static_engine.StaticEngine(model)
-    return HFForward(model)
+    return static_engine.StaticEngine(model) if supported else HFForward(model)
 
 
 class Target:
