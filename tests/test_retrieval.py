@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from blockdraft import SpeculativeDecoder, methods
 from blockdraft.drafters import DraftContext, SuffixDrafter
@@ -120,7 +121,7 @@ def test_the_global_tree_drafts_what_an_earlier_request_generated(tiny):
     assert drafter.outputs == [] and drafter.global_index is None
 
 
-@pytest.mark.parametrize("method", ["suffix", "rest", "hybrid", "hybrid:sources=suffix,rest,hydra",
+@pytest.mark.parametrize("method", ["suffix", "rest", "recycle", "hybrid", "hybrid:sources=suffix,recycle", "hybrid:sources=suffix,rest,hydra",
                                     "hybrid:sources=rest:cost=off", "hybrid:sources=suffix,treeflash:skip=0.5"])
 def test_float32_output_equals_ar(tiny, method):
     prompts = [tiny.encode(p, chat_template=False) for p in ("tell me more now\n", "abcab abcab abc")]
@@ -209,8 +210,37 @@ def test_bad_hybrid_options_are_refused(tiny):
 
 
 def test_propose_returns_a_valid_tree_at_the_depth_limit(tiny):
-    for method in ("suffix", "rest", "hybrid"):
+    for method in ("suffix", "rest", "recycle", "hybrid"):
         drafter = make_drafter(method, tiny)
         drafter.reset([3, 4, 5])
         tree = drafter.propose(DraftContext([3, 4, 5, 3, 4], None, 0))
         assert isinstance(tree, DraftTree) and len(tree) == 1, method
+
+
+def test_recycling_keeps_the_target_top_k_per_token_and_drafts_from_it(tiny):
+    from blockdraft.drafters.recycle import RecycleDrafter
+
+    drafter = RecycleDrafter(tiny.vocab_size, k=3, budget=6, depth=3, min_prob=0.0)
+    tree = DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 0]))
+    logits = torch.full((3, tiny.vocab_size), -10.0)
+    logits[0, [8, 9, 10]] = torch.tensor([3.0, 2.0, 1.0])
+    logits[1, [5, 11, 12]] = torch.tensor([2.0, 1.0, 0.0])
+    logits[2, [13, 14, 15]] = torch.tensor([1.0, 0.5, 0.0])
+    drafter.recycle((tree, logits))
+    assert drafter.next_tokens[5].tolist() == [8, 9, 10] and drafter.next_tokens[6].tolist() == [5, 11, 12]
+    assert drafter.next_probs[5].sum() < 1 and drafter.next_probs[5][0] > drafter.next_probs[5][1]
+    tokens, parents, probs = drafter.candidates(6, depth=3)
+    assert tokens[0] == 5 and parents[0] == -1  # 6 -> 5 is the most likely step
+    assert probs == sorted(probs, reverse=True) and all(p < i for i, p in enumerate(parents))
+    # by path probability: 6>5 .67, 6>5>8 .44, 6>11 .24, 6>5>9 .16, 6>12 .09, 6>5>10 .06 (8 has no row yet)
+    assert tokens == [5, 8, 11, 9, 12, 10] and parents == [-1, 0, -1, 0, -1, 0]
+    p = {(tokens[parents[i]] if parents[i] >= 0 else 6, tokens[i]): probs[i] for i in range(len(tokens))}
+    assert p[(5, 8)] == pytest.approx(float(drafter.next_probs[6][0] * drafter.next_probs[5][0]))
+
+
+def test_recycling_drafts_a_repeated_generation_almost_entirely(tiny):
+    prompt = tiny.encode("tell me more now\n", chat_template=False)
+    decoder = SpeculativeDecoder(tiny, make_drafter("recycle", tiny))
+    first, second = decoder.generate(prompt, 32), decoder.generate(prompt, 32)
+    assert second.tokens == first.tokens
+    assert second.stats.target_calls < first.stats.target_calls  # the table kept what the target predicted

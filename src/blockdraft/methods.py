@@ -7,6 +7,7 @@ from typing import Callable
 from pathlib import Path
 
 from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter, SuffixDrafter
+from .drafters.recycle import RecycleDrafter
 from .errors import BlockdraftError
 from .target import Target
 from .target.packing import prepack_linears
@@ -70,11 +71,10 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
 
 def hybrid_method(target: Target, sources: str = "suffix,treeflash", budget: int = 24, skip: float = 2.0,
                   weights: str | None = None, cost: str = "auto", learned_budget: int = 16) -> Drafter:
-    """Factory for `hybrid`: sources= (comma-separated: suffix, rest, and at most one of treeflash, hydra),
+    """Factory for `hybrid`: sources= (comma-separated: suffix, rest, recycle, and at most one of treeflash, hydra),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
     tokens from retrieval above which the learned drafter is not run), cost=auto|off (cost-aware size)."""
     from .drafters.hybrid import HybridDrafter
-    from .drafters.suffix import SuffixDrafter
     from .trees.budget import cost_curve
 
     names = [n.strip() for n in str(sources).split(",") if n.strip()]
@@ -87,11 +87,13 @@ def hybrid_method(target: Target, sources: str = "suffix,treeflash", budget: int
             retrieval[name] = SuffixDrafter()
         elif name == "rest":
             retrieval[name] = rest_method(target)
+        elif name == "recycle":
+            retrieval[name] = RecycleDrafter(target.vocab_size)
         elif name in ("treeflash", "hydra") and learned is None:
             learned = (name, METHODS[name][0](target, budget=learned_budget))
         else:
-            raise BlockdraftError(f"hybrid: unknown or repeated source '{name}': use suffix, rest and one of "
-                                  "treeflash, hydra")
+            raise BlockdraftError(f"hybrid: unknown or repeated source '{name}': use suffix, rest, recycle and "
+                                  "one of treeflash, hydra")
     if cost not in ("auto", "off"):
         raise BlockdraftError(f"hybrid: cost must be auto or off, got '{cost}'")
     curve = cost_curve(target) if cost == "auto" else None
@@ -134,6 +136,8 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "lookup": (lambda target, **kw: PromptLookupDrafter(**kw), "prompt lookup decoding (training-free n-gram copy)"),
     "suffix": (lambda target, **kw: SuffixDrafter(**kw),
                "SuffixDecoding: frequency-ranked suffix matches in the request and in earlier outputs (training-free)"),
+    "recycle": (lambda target, **kw: RecycleDrafter(target.vocab_size, **kw),
+                "token recycling: best-first trees over the target's own top-k from earlier passes (training-free)"),
     "rest": (rest_method, "REST: longest-suffix retrieval from a ShareGPT datastore, merged into a trie"),
     "hybrid": (hybrid_method, "one tree from several sources (suffix, rest, treeflash/hydra), ranked by "
                               "online-calibrated acceptance, sized by the cost curve"),

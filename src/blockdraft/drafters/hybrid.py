@@ -82,7 +82,8 @@ def learned_proposal(source: str, tree: DraftTree, scores: list[float]) -> Propo
 
 
 class HybridDrafter(Drafter):
-    """Merge retrieval sources (SuffixDrafter, RestDrafter) and one learned drafter (TreeFlashDrafter)."""
+    """Merge training-free sources (SuffixDrafter, RestDrafter, RecycleDrafter) and one learned drafter
+    (TreeFlashDrafter)."""
 
     name = "hybrid"
 
@@ -115,7 +116,12 @@ class HybridDrafter(Drafter):
     def proposals(self, ctx: DraftContext, depth: int) -> list[Proposal]:
         found = []
         for name, source in self.retrieval.items():
-            if name == "suffix":  # the request's own tokens and earlier outputs: calibrated apart
+            if name == "recycle":  # the target's own top-k from earlier passes
+                source.recycle(ctx.verified)
+                tokens, parents, probs = source.candidates(ctx.tokens[-1], min(source.depth, depth))
+                cond = [p / (probs[par] if par >= 0 else 1.0) for p, par in zip(probs, parents)]
+                found.append(Proposal(name, tokens, parents, cond))
+            elif name == "suffix":  # the request's own tokens and earlier outputs: calibrated apart
                 for label, cand in zip(("suffix", "suffix-global"), source.sources(ctx, min(source.depth, depth))):
                     found.append(retrieval_proposal(label, cand))
             else:
