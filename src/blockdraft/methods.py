@@ -71,14 +71,15 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
 
 def hybrid_method(target: Target, sources: str = "suffix,treeflash", budget: int = 24, skip: float = 2.0,
                   weights: str | None = None, cost: str = "auto", learned_budget: int = 16) -> Drafter:
-    """Factory for `hybrid`: sources= (comma-separated: suffix, rest, recycle, and at most one of treeflash, hydra),
+    """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one of treeflash, hydra),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
     tokens from retrieval above which the learned drafter is not run), cost=auto|off (cost-aware size)."""
     from .drafters.hybrid import HybridDrafter
     from .trees.budget import cost_curve
 
-    names = [n.strip() for n in str(sources).split(",") if n.strip()]
-    factors = [float(w) for w in str(weights).split(",")] if weights is not None else [1.0] * len(names)
+    # '+' separates sources inside bench's comma-separated --methods list; ',' works elsewhere
+    names = [n.strip() for n in str(sources).replace("+", ",").split(",") if n.strip()]
+    factors = [float(w) for w in str(weights).replace("+", ",").split(",")] if weights is not None else [1.0] * len(names)
     if len(factors) != len(names):
         raise BlockdraftError(f"hybrid: {len(names)} sources but {len(factors)} weights")
     retrieval, learned = {}, None
