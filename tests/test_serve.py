@@ -240,3 +240,13 @@ def test_unknown_launch_method_fails_at_startup(target):
 
     with pytest.raises(APIError, match="unknown method 'nope'"):
         create_app(target, "nope")
+
+
+@pytest.mark.parametrize("args,words", [(["--method", "nope"], "unknown method 'nope'"),
+                                        (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch")])
+def test_serve_command_refuses_bad_flags_in_one_line(args, words, capsys):
+    from blockdraft.cli import main
+
+    assert main(["serve", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err

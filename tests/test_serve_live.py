@@ -1,0 +1,92 @@
+"""A real server (uvicorn on 127.0.0.1, a free port): a client that disconnects mid-stream frees its slot,
+concurrent requests are all answered with their own outputs, and a failing generation does not stop the worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from blockdraft.decoding import SpeculativeDecoder  # noqa: E402
+from blockdraft.drafters import NoDrafter  # noqa: E402
+from serve_fixtures import chat_target, running_server  # noqa: E402
+
+STEP_S = 0.02  # an artificially slow target: every verification pass sleeps this long
+
+
+def slowed(target, seconds: float = STEP_S):
+    verify = target.verify
+
+    def slow_verify(tree):
+        time.sleep(seconds)
+        return verify(tree)
+
+    target.verify = slow_verify
+    return target
+
+
+def metric(url: str, name: str) -> float:
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    samples = dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
+    return float(samples.get(name, 0))
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot():
+    with running_server(slowed(chat_target()), "ar") as url:
+        body = {"prompt": "abc abc", "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=10) as r:
+            assert r.status_code == 200
+            first = next(line for line in r.iter_lines() if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["text"]
+        # 200 tokens at STEP_S each would hold the worker for 4 s; the next request must not wait for them
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and time.perf_counter() - t0 < 2.0
+        assert metric(url, 'blockdraft_requests_total{endpoint="completions",outcome="cancelled"}') == 1
+        assert metric(url, 'blockdraft_generated_tokens_total{method="ar"}') == 3  # the cut one never finished
+        assert httpx.get(url + "/health").json()["active"] == 0
+
+
+def test_concurrent_requests_each_get_their_own_answer():
+    prompts = [f"{w} {w} {w}" for w in ("abc", "xyz", "hello", "ab", "the cat", "q")]
+    reference = chat_target()
+    want = [SpeculativeDecoder(reference, NoDrafter()).generate(reference.encode(p, chat_template=False), 25).text
+            for p in prompts]
+    got: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        r = httpx.post(url + "/v1/completions", json={"prompt": prompts[i], "max_tokens": 25}, timeout=60)
+        got[i] = r.json()["choices"][0]["text"]
+
+    with running_server(slowed(chat_target(), 0.002), "lookup") as url:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert [got.get(i) for i in range(len(prompts))] == want
+    assert len(set(want)) > 1  # different prompts, different answers: a mix-up would show
+
+
+def test_a_failing_generation_answers_500_and_the_worker_goes_on():
+    target = chat_target()
+    verify, calls = target.verify, []
+
+    def flaky_verify(tree):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("simulated failure")
+        return verify(tree)
+
+    target.verify = flaky_verify
+    with running_server(target, "ar") as url:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}, timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "Traceback" not in r.text
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
