@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from blockdraft import Target
-from blockdraft.serve import Scheduler, create_app
+from blockdraft.serve import create_app
 from conftest import CHARS, char_tokenizer, tiny_llama
 
 # Only characters of the tiny alphabet, so that every template token is a real one.
@@ -34,8 +34,7 @@ def free_port() -> int:
 @contextmanager
 def running_server(target: Target, method: str = "lookup", max_batch: int = 1, api_key: str | None = None):
     """Yields the base URL of a real HTTP server (uvicorn in a thread) serving `target`."""
-    scheduler = Scheduler(target, method, max_batch=max_batch)
-    app = create_app(target, method, api_key=api_key, scheduler=scheduler)
+    app = create_app(target, method, max_batch, api_key)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -29,9 +29,9 @@ def reference():
     return chat_target()
 
 
-@pytest.fixture(scope="module")
-def client(target):
-    with TestClient(create_app(target, "lookup")) as c:
+@pytest.fixture(scope="module", params=[1, 8], ids=["one-at-a-time", "batched"])
+def client(target, request):
+    with TestClient(create_app(target, "lookup", max_batch=request.param)) as c:
         yield c
 
 

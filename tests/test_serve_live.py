@@ -14,20 +14,23 @@ pytest.importorskip("uvicorn")
 
 from blockdraft.decoding import SpeculativeDecoder  # noqa: E402
 from blockdraft.drafters import NoDrafter  # noqa: E402
+from blockdraft import Target  # noqa: E402
+from blockdraft.target.batch_engine import BatchEngine  # noqa: E402
 from serve_fixtures import chat_target, running_server  # noqa: E402
 
 STEP_S = 0.02  # an artificially slow target: every verification pass sleeps this long
 
 
-def slowed(target, seconds: float = STEP_S):
-    verify = target.verify
+def slow_down(monkeypatch, seconds: float = STEP_S) -> None:
+    """Every verification pass sleeps `seconds`: one at a time (Target.verify) and batched (BatchEngine.forward)."""
+    for cls, name in ((Target, "verify"), (BatchEngine, "forward")):
+        original = getattr(cls, name)
 
-    def slow_verify(tree):
-        time.sleep(seconds)
-        return verify(tree)
+        def slow(*args, _original=original, **kw):
+            time.sleep(seconds)
+            return _original(*args, **kw)
 
-    target.verify = slow_verify
-    return target
+        monkeypatch.setattr(cls, name, slow)
 
 
 def metric(url: str, name: str) -> float:
@@ -36,8 +39,10 @@ def metric(url: str, name: str) -> float:
     return float(samples.get(name, 0))
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_slot():
-    with running_server(slowed(chat_target()), "ar") as url:
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(max_batch, monkeypatch):
+    slow_down(monkeypatch)
+    with running_server(chat_target(), "ar", max_batch) as url:
         body = {"prompt": "abc abc", "max_tokens": 200, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=10) as r:
             assert r.status_code == 200
@@ -52,7 +57,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot():
         assert httpx.get(url + "/health").json()["active"] == 0
 
 
-def test_concurrent_requests_each_get_their_own_answer():
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_concurrent_requests_each_get_their_own_answer(max_batch, monkeypatch):
     prompts = [f"{w} {w} {w}" for w in ("abc", "xyz", "hello", "ab", "the cat", "q")]
     reference = chat_target()
     want = [SpeculativeDecoder(reference, NoDrafter()).generate(reference.encode(p, chat_template=False), 25).text
@@ -63,7 +69,8 @@ def test_concurrent_requests_each_get_their_own_answer():
         r = httpx.post(url + "/v1/completions", json={"prompt": prompts[i], "max_tokens": 25}, timeout=60)
         got[i] = r.json()["choices"][0]["text"]
 
-    with running_server(slowed(chat_target(), 0.002), "lookup") as url:
+    slow_down(monkeypatch, 0.005)  # so that the requests overlap
+    with running_server(chat_target(), "lookup", max_batch) as url:
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
         for t in threads:
             t.start()
@@ -73,18 +80,20 @@ def test_concurrent_requests_each_get_their_own_answer():
     assert len(set(want)) > 1  # different prompts, different answers: a mix-up would show
 
 
-def test_a_failing_generation_answers_500_and_the_worker_goes_on():
-    target = chat_target()
-    verify, calls = target.verify, []
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_failing_generation_answers_500_and_the_worker_goes_on(max_batch, monkeypatch):
+    calls = []
+    for cls, name in ((Target, "verify"), (BatchEngine, "forward")):
+        original = getattr(cls, name)
 
-    def flaky_verify(tree):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("simulated failure")
-        return verify(tree)
+        def flaky(*args, _original=original, **kw):
+            calls.append(1)
+            if len(calls) == 2:  # the first verification (batched: the call after the prefill)
+                raise RuntimeError("simulated failure")
+            return _original(*args, **kw)
 
-    target.verify = flaky_verify
-    with running_server(target, "ar") as url:
+        monkeypatch.setattr(cls, name, flaky)
+    with running_server(chat_target(), "ar", max_batch) as url:
         r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}, timeout=30)
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert "Traceback" not in r.text

@@ -72,12 +72,13 @@ class TextDeltas:
         return out
 
 
-def create_app(target, method: str = "lookup", api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               scheduler: Scheduler | None = None) -> FastAPI:
-    """An app serving `target` with speculative method `method` (a request may name another in `method`)."""
+def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """An app serving `target` with speculative method `method` (a request may name another in `method`),
+    decoding up to `max_batch` requests together."""
     check_method(method, method)  # an unknown launch method fails now, not on the first request
-    metrics = scheduler.metrics if scheduler is not None else Metrics()
-    scheduler = scheduler or Scheduler(target, method, metrics)
+    metrics = Metrics()
+    scheduler = Scheduler(target, method, metrics, max_batch)
     model_name = target.name
 
     @asynccontextmanager

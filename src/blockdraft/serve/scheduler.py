@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 
-from ..decoding import SpeculativeDecoder
+from ..decoding import BatchDecoder, SpeculativeDecoder
 from ..errors import BlockdraftError
 from ..methods import make_drafter
 from .metrics import Metrics
@@ -54,14 +54,17 @@ class Job:
 
 
 class Scheduler:
-    """Queues jobs and decodes them on one worker thread, one at a time, each with `SpeculativeDecoder`.
+    """Queues jobs and decodes them on one worker thread.
 
+    With `max_batch` > 1 (and a Llama-family target, which the batch engine needs) jobs are decoded by
+    continuous batching: a job joins the running batch before the next step as soon as a slot is free and
+    leaves it when it stops (`BatchDecoder`). Otherwise one at a time, each with `SpeculativeDecoder`.
     Drafters are built on first use per method spec and kept (a trained drafter loads its checkpoint once);
-    every generation resets the drafter's per-sequence state. Every job submitted gets a final event, even
-    when its drafter cannot be built, its generation fails or the server shuts down.
+    each generation gets the drafter's per-sequence state afresh. Every job submitted gets a final event,
+    even when its drafter cannot be built, its generation fails or the server shuts down.
     """
 
-    def __init__(self, target, default_method: str, metrics: Metrics | None = None, max_batch: int = 1):
+    def __init__(self, target, default_method: str, metrics: Metrics | None = None, max_batch: int = 8):
         self.target, self.default_method, self.max_batch = target, default_method, max_batch
         self.metrics = metrics or Metrics()
         self.queue: queue.Queue = queue.Queue()
@@ -102,6 +105,92 @@ class Scheduler:
         return self.drafters[method]
 
     def _work(self) -> None:
+        batch = None
+        if self.max_batch > 1:
+            try:
+                batch = BatchDecoder(self.target, self.max_batch)
+            except BlockdraftError as e:
+                log.warning("one request at a time: %s", e)
+        if batch is not None:
+            self._work_batched(batch)
+        else:
+            self._work_single()
+        self._drain()
+
+    # --- continuous batching ------------------------------------------------------------
+    def _work_batched(self, batch: BatchDecoder) -> None:
+        stopping = False
+        while not stopping or batch.active:
+            self.active = len(batch.active)
+            self._report_load()
+            while batch.free and not stopping:  # admit: wait for work only when nothing is running
+                try:
+                    job = self.queue.get(block=not batch.active)
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                else:
+                    self._admit(batch, job)
+            stopping = stopping or self._stopping  # a full batch does not read the queue's stop mark
+            for seq in list(batch.active):
+                if stopping:
+                    batch.remove(seq)
+                    seq.tag.finish("error", APIError(503, "the server is shutting down", kind="server_error",
+                                                     code="shutting_down"))
+                elif seq.tag.cancelled.is_set():  # its client went away: free the slot now
+                    batch.remove(seq)
+                    seq.tag.finish("cancelled")
+            self.active = len(batch.active)
+            self._report_load()
+            if not batch.active:
+                continue
+            size = len(batch.active)
+            try:
+                finished = batch.step()
+            except Exception as e:  # every sequence of the failed step gets an answer; the worker goes on
+                log.exception("batched step failed")
+                for seq in list(batch.active):
+                    batch.remove(seq)
+                    seq.tag.finish("error", APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                                     kind="server_error"))
+                continue
+            self.metrics.count_batch(size)
+            self.active = len(batch.active)  # before the clients hear the end, so /health agrees with them
+            self._report_load()
+            for seq in finished:
+                s = seq.stats
+                self.metrics.count_generation(s.method, len(seq.prompt_ids), s.new_tokens, s.target_calls,
+                                              dict(s.accepted_hist))
+                seq.tag.finish("done", seq.result)
+        self.active = 0
+        self._report_load()
+
+    def _admit(self, batch: BatchDecoder, job: Job) -> None:
+        """Prefill a job into the batch (it takes part from the next step on), or answer why not."""
+        if job.cancelled.is_set():
+            job.finish("cancelled")
+            return
+        req = job.request
+        try:
+            drafter = self.drafter(req.method)
+        except BlockdraftError as e:
+            job.finish("error", APIError(400, str(e), param="method", code="invalid_method"))
+            return
+        try:
+            batch.add(req.prompt_ids, drafter, req.params, req.max_tokens, req.stop, req.seed,
+                      on_tokens=lambda ids, accepted: job.emit("tokens", (ids, accepted)), tag=job)
+        except BlockdraftError as e:
+            job.finish("error", APIError(400, str(e)))
+            return
+        except Exception as e:
+            log.exception("prefill failed")
+            job.finish("error", APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+            return
+        job.emit("started")
+
+    # --- one at a time ---------------------------------------------------------------------
+    def _work_single(self) -> None:
         while True:
             job = self.queue.get()
             if job is None:
@@ -109,14 +198,14 @@ class Scheduler:
             self.active = 1
             self._report_load()
             try:
-                self._run(job)
+                kind, payload = self._run(job)
             except Exception as e:  # a bug must not kill the worker: this job fails, the next one runs
                 log.exception("generation failed")
-                job.finish("error", APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
-            finally:
-                self.active = 0
-                self._report_load()
-        self._drain()
+                kind, payload = "error", APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+            # the slot is free before the client hears the end, so /health and /metrics agree with it
+            self.active = 0
+            self._report_load()
+            job.finish(kind, payload)
 
     def _drain(self) -> None:
         """Answer whatever is still queued at shutdown."""
@@ -129,16 +218,15 @@ class Scheduler:
                 job.finish("error", APIError(503, "the server is shutting down", kind="server_error",
                                              code="shutting_down"))
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> tuple[str, object]:
+        """Decode one job; returns its final event."""
         if job.cancelled.is_set():
-            job.finish("cancelled")
-            return
+            return "cancelled", None
         req = job.request
         try:
             decoder = SpeculativeDecoder(self.target, self.drafter(req.method), req.params)
         except BlockdraftError as e:
-            job.finish("error", APIError(400, str(e), param="method", code="invalid_method"))
-            return
+            return "error", APIError(400, str(e), param="method", code="invalid_method")
         job.emit("started")
 
         def on_tokens(ids: list[int]) -> None:
@@ -151,13 +239,11 @@ class Scheduler:
         try:
             result = decoder.generate(req.prompt_ids, req.max_tokens, req.stop, req.seed, on_tokens=on_tokens)
         except Cancelled:
-            job.finish("cancelled")
-            return
+            return "cancelled", None
         except BlockdraftError as e:
-            job.finish("error", APIError(400, str(e)))
-            return
+            return "error", APIError(400, str(e))
         s = result.stats
         self.metrics.count_generation(req.method, len(req.prompt_ids), s.new_tokens, s.target_calls,
                                       dict(s.accepted_hist))
         self.metrics.count_batch(1, s.target_calls)  # one-at-a-time: every forward verifies one sequence
-        job.finish("done", result)
+        return "done", result

@@ -7,13 +7,11 @@ import sys
 import uvicorn
 
 from .app import create_app
-from .scheduler import Scheduler
 
 
 def run_server(target, method: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
                api_key: str | None = None) -> None:
-    scheduler = Scheduler(target, method, max_batch=max_batch)
-    app = create_app(target, method, api_key=api_key, scheduler=scheduler)
+    app = create_app(target, method, max_batch, api_key)
     where = f"http://{host}:{port}"
     print(f"blockdraft: serving {target.name} ({method}, batches of up to {max_batch}) at {where}/v1, "
           f"playground at {where}/" + ("" if api_key else "; no API key"), file=sys.stderr)
