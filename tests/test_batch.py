@@ -187,3 +187,21 @@ def test_fork_shares_weights_but_not_state():
     twin.reset([1, 2, 3])
     twin.base.gain[2] = 0.0
     assert tree.base.gain[2] != 0.0
+
+
+def test_a_failing_drafter_ends_only_its_own_sequence():
+    class Broken(NoDrafter):
+        def propose(self, ctx):
+            if len(ctx.tokens) > 8:
+                raise RuntimeError("drafter bug")
+            return super().propose(ctx)
+
+    decoder = BatchDecoder(make_target(), max_batch=2)
+    bad = decoder.add(prompt(6, 0), Broken(), max_new_tokens=20)
+    good = decoder.add(prompt(7, 1), NoDrafter(), max_new_tokens=20)
+    ended = []
+    while decoder.active:
+        ended += decoder.step()
+    assert bad in ended and isinstance(bad.error, RuntimeError) and bad.result is None
+    want = SpeculativeDecoder(make_target(), NoDrafter()).generate(prompt(7, 1), 20)
+    assert good.error is None and good.result.tokens == want.tokens

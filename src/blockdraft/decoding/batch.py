@@ -57,11 +57,12 @@ class Sequence:
     slot: int = -1
     started: float = 0.0
     result: GenerationResult | None = None
+    error: Exception | None = None  # why it stopped without a result
     tag: object = None  # the caller's (e.g. the server's job)
 
     @property
     def done(self) -> bool:
-        return self.result is not None
+        return self.result is not None or self.error is not None
 
 
 class BatchDecoder:
@@ -131,17 +132,24 @@ class BatchDecoder:
 
     def step(self) -> list[Sequence]:
         """One draft-verify-accept-commit round for every active sequence. Returns the ones that finished
-        (they have left the batch; their `result` is set)."""
-        if not self.active:
-            return []
-        batch = list(self.active)
-        trees: list[DraftTree] = []
-        for seq in batch:
+        (they have left the batch): `result` set, or `error` where their drafter raised."""
+        failed = []
+        batch, trees = [], []
+        for seq in list(self.active):
             t0 = time.perf_counter()
             depth = self._room(seq)
-            tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth))
+            try:
+                tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth))
+            except Exception as e:  # one drafter's failure ends its own sequence, not the batch's
+                seq.error = e
+                self.remove(seq)
+                failed.append(seq)
+                continue
+            batch.append(seq)
             trees.append(tree.truncate(len(tree), depth))
             seq.stats.draft_s += time.perf_counter() - t0
+        if not batch:
+            return failed
         # the union of the drafters' feature layers, so that each can pick its own
         layers = tuple(sorted({layer for seq in batch for layer in seq.drafter.feature_layers}))
         t1 = time.perf_counter()
@@ -171,7 +179,7 @@ class BatchDecoder:
                 finished.append(seq)
         for seq in finished:
             self.remove(seq)
-        return finished
+        return failed + finished
 
     def _emit(self, seq: Sequence, emitted: list[int], drafts: int) -> bool:
         """Apply the stopping rules to one step's tokens, pass them on; True when the sequence is done."""

@@ -21,6 +21,13 @@ class Cancelled(Exception):
     """Raised inside the decoding loop when the client has gone: it stops the generation and frees the slot."""
 
 
+def _as_api_error(e: Exception) -> APIError:
+    if isinstance(e, BlockdraftError):
+        return APIError(400, str(e))
+    log.error("generation failed", exc_info=e)
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+
+
 class Job:
     """One request's life on the worker. The worker reports through `emit`; the HTTP handler awaits `next()`.
 
@@ -159,6 +166,9 @@ class Scheduler:
             self.active = len(batch.active)  # before the clients hear the end, so /health agrees with them
             self._report_load()
             for seq in finished:
+                if seq.error is not None:
+                    seq.tag.finish("error", _as_api_error(seq.error))
+                    continue
                 s = seq.stats
                 self.metrics.count_generation(s.method, len(seq.prompt_ids), s.new_tokens, s.target_calls,
                                               dict(s.accepted_hist))
