@@ -35,7 +35,7 @@ def test_batch_engine_matches_the_single_sequence_engine_through_trees_and_commi
     singles = [make_target(layers) for _ in range(3)]
     engine = BatchEngine(make_target().forwarder, slots=3)
     prompts = [prompt(n, seed) for seed, n in enumerate((5, 17, 9))]
-    for slot, (single, p) in enumerate(zip(singles, prompts)):
+    for slot, (single, p) in enumerate(zip(singles, prompts, strict=False)):
         want = single.prefill(p[:-1])
         _, hidden = engine.forward(slot, [torch.tensor(p[:-1])], [torch.arange(len(p) - 1)], [None], layers)
         torch.testing.assert_close(torch.cat([h[0] for h in hidden], -1), want, rtol=1e-5, atol=1e-5)
@@ -50,7 +50,7 @@ def test_batch_engine_matches_the_single_sequence_engine_through_trees_and_commi
         trees = [tree for tree, _ in step]
         logits, hidden = engine.forward(0, [t.tokens for t in trees], [t.depth for t in trees],
                                         [None if t.is_chain() else t.ancestor_mask() for t in trees], layers)
-        for b, (single, (tree, path)) in enumerate(zip(singles, step)):
+        for b, (single, (tree, path)) in enumerate(zip(singles, step, strict=False)):
             want = single.verify(tree)
             n = len(tree)
             torch.testing.assert_close(logits[b, :n].float(), want.logits, rtol=1e-5, atol=1e-5)
@@ -123,7 +123,7 @@ def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output():
         if kind.startswith("tree"):  # the features each drafter saw: its own layers, its own sequence
             seen, want_seen = seqs[i].drafter.seen, want_drafter.seen
             assert len(seen) == len(want_seen)
-            for a, b in zip(seen, want_seen):
+            for a, b in zip(seen, want_seen, strict=False):
                 assert (a is None) == (b is None)
                 if a is not None:
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -138,7 +138,7 @@ def test_stop_strings_and_the_context_end_as_in_batch_1():
     long_prompt = prompt(250, 1)  # the tiny model's context holds 256 tokens
     streamed = {}
     a = decoder.add(prompt(10, 0), PromptLookupDrafter(), stop_strings=(stop,), max_new_tokens=30,
-                    on_tokens=lambda ids, flags: streamed.setdefault("a", []).extend(zip(ids, flags)))
+                    on_tokens=lambda ids, flags: streamed.setdefault("a", []).extend(zip(ids, flags, strict=False)))
     b = decoder.add(long_prompt, PromptLookupDrafter(), max_new_tokens=30)
     c = decoder.add(prompt(5, 2), NoDrafter(), max_new_tokens=40)
     while decoder.active:

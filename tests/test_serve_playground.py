@@ -100,7 +100,8 @@ def test_a_streamed_generation_shows_coloured_tokens(tmp_path):
                 time.sleep(0.1)
             page = browser.evaluate("""(() => {
                 const spans = [...document.querySelectorAll('#output span')];
-                return {text: spans.map(s => s.textContent).join(''), error: document.getElementById('error').textContent,
+                return {text: spans.map(s => s.textContent).join(''),
+                        error: document.getElementById('error').textContent,
                         accepted: spans.filter(s => s.className === 'accepted').length,
                         bonus: spans.filter(s => s.className === 'bonus').length,
                         tau: document.getElementById('tau').textContent,

@@ -21,7 +21,6 @@ from ..drafters import DraftContext, Drafter
 from ..errors import BlockdraftError
 from ..target import Target
 from ..target.batch_engine import BatchEngine
-from ..trees import DraftTree
 from ..verify import Acceptor, SamplingParams, make_acceptor
 from .stats import GenerationResult, GenerationStats
 from .stopping import Stopper
@@ -162,7 +161,7 @@ class BatchDecoder:
         self.forwards += 1
 
         finished = []
-        for b, (seq, tree) in enumerate(zip(batch, trees)):
+        for b, (seq, tree) in enumerate(zip(batch, trees, strict=False)):
             n = len(tree)
             acc = seq.acceptor.accept(tree, logits[b, :n], seq.gen)
             self.engine.commit(seq.slot, starts[b], acc.path)

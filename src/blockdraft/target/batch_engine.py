@@ -49,7 +49,7 @@ class BatchEngine:
         # weight, and uninitialised memory can hold NaN, which 0 * NaN would spread
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in w.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in w.layers]
-        for new, prev in zip(self.keys + self.values, old):
+        for new, prev in zip(self.keys + self.values, old, strict=False):
             new[:, :, :n] = prev
         positions = torch.arange(cap, device=device).unsqueeze(0)
         cos, sin = w.rotary(w.embed[:1].unsqueeze(0), positions)  # the model's own rotary tables
@@ -61,7 +61,8 @@ class BatchEngine:
 
     @torch.inference_mode()
     def forward(self, first: int, tokens: list[torch.Tensor], depths: list[torch.Tensor],
-                allowed: list[torch.Tensor | None], hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False):
+                allowed: list[torch.Tensor | None], hidden_layers: tuple[int, ...] = (),
+                last_logits_only: bool = False):
         """Slots first .. first+len(tokens)-1, one token list each (a tree's nodes, or a prompt):
         tokens[b], depths[b]: [n_b]; allowed[b]: [n_b, n_b] bool among the new tokens (None = causal).
 
@@ -82,7 +83,7 @@ class BatchEngine:
         mask = torch.zeros(B, n, end, dtype=torch.bool)
         keep = torch.arange(end)[None, :] < starts[:, None]  # [B, end]: each sequence's own prefix
         mask |= keep[:, None, :]
-        for b, (t, d, a, size) in enumerate(zip(tokens, depths, allowed, sizes)):
+        for b, (t, d, a, size) in enumerate(zip(tokens, depths, allowed, sizes, strict=False)):
             s = int(starts[b])
             tok[b, :size], pos[b, :size] = t, s + d
             pos[b, size:] = s  # any valid position: padding reads nothing that matters
@@ -117,7 +118,7 @@ class BatchEngine:
         last = len(w.layers)
         if last in hidden_layers:
             hidden[last] = x
-        for slot, size in zip(slots, sizes):
+        for slot, size in zip(slots, sizes, strict=False):
             self.lengths[slot] += size  # uncommitted until `commit` keeps a path of them
         return w.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in hidden_layers]
 
@@ -127,7 +128,7 @@ class BatchEngine:
         m = len(path)
         if path != list(range(m)):
             src = torch.tensor(path, device=self.w.embed.device) + start
-            for k, v in zip(self.keys, self.values):
+            for k, v in zip(self.keys, self.values, strict=False):
                 k[slot, :, start : start + m] = k[slot].index_select(1, src)
                 v[slot, :, start : start + m] = v[slot].index_select(1, src)
         self.lengths[slot] = start + m
@@ -136,7 +137,7 @@ class BatchEngine:
     def move(self, src: int, dst: int) -> None:
         """Move a sequence from slot src to slot dst (keeping the active slots contiguous)."""
         n = self.lengths[src]
-        for k, v in zip(self.keys, self.values):
+        for k, v in zip(self.keys, self.values, strict=False):
             k[dst, :, :n] = k[src, :, :n]
             v[dst, :, :n] = v[src, :, :n]
         self.lengths[dst], self.lengths[src] = n, 0
