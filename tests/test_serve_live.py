@@ -99,3 +99,55 @@ def test_a_failing_generation_answers_500_and_the_worker_goes_on(max_batch, monk
         assert "Traceback" not in r.text
         r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_client_that_gives_up_on_a_full_response_frees_its_slot(max_batch, monkeypatch):
+    slow_down(monkeypatch)
+    with running_server(chat_target(), "ar", max_batch) as url:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/v1/completions", json={"prompt": "abc abc", "max_tokens": 200}, timeout=0.5)
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and time.perf_counter() - t0 < 2.5  # not 4 s behind the abandoned one
+        deadline = time.time() + 2  # the server looks for a gone client every DISCONNECT_POLL_S
+        while metric(url, 'blockdraft_requests_total{endpoint="completions",outcome="cancelled"}') != 1:
+            assert time.time() < deadline, "the abandoned request was not cancelled"
+            time.sleep(0.1)
+        time.sleep(0.1)  # its slot goes at the worker's next step
+        assert httpx.get(url + "/health").json()["active"] == 0  # (the abandoned one would run for 4 s)
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_at_shutdown_every_queued_request_gets_an_answer(max_batch, monkeypatch):
+    import asyncio
+
+    from blockdraft.serve.scheduler import Job, Scheduler
+    from blockdraft.serve.schemas import GenerationRequest
+    from blockdraft.verify import SamplingParams
+
+    slow_down(monkeypatch)
+    target = chat_target()
+
+    async def main():
+        scheduler = Scheduler(target, "ar", max_batch=max_batch)
+        loop = asyncio.get_running_loop()
+        jobs = [Job(GenerationRequest(target.encode("abc", chat_template=False), 100, SamplingParams(), "ar"), loop)
+                for _ in range(6)]
+        for job in jobs:
+            scheduler.submit(job)
+        await asyncio.sleep(0.2)  # some are running, the rest wait in the queue
+        await loop.run_in_executor(None, scheduler.stop)
+        finals = []
+        for job in jobs:
+            while True:
+                kind, payload = await asyncio.wait_for(job.next(), 10)
+                if kind in ("done", "error", "cancelled"):
+                    finals.append((kind, getattr(payload, "status", None)))
+                    break
+        return finals, scheduler
+
+    finals, scheduler = asyncio.run(main())
+    assert len(finals) == 6 and not scheduler.alive
+    assert ("error", 503) in finals  # the queued ones were told the server is shutting down
+    assert all(kind == "done" or status == 503 for kind, status in finals)

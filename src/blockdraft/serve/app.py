@@ -180,15 +180,19 @@ def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str 
 
     async def collect(request: Request, job: Job, reply: "Reply", endpoint: str):
         try:
+            checked = time.perf_counter()
             while True:
                 try:
                     kind, payload = await asyncio.wait_for(job.next(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
+                    kind = None
+                # steps keep arriving while it decodes, so the client is checked on a clock, not on silence
+                if time.perf_counter() - checked >= DISCONNECT_POLL_S:
+                    checked = time.perf_counter()
                     if await request.is_disconnected():
                         job.cancel()
                         metrics.count_request(endpoint, "cancelled")
                         return JSONResponse({}, status_code=499)  # nobody reads it; the slot is freed
-                    continue
                 if kind == "done":
                     metrics.count_request(endpoint, "ok")
                     return reply.full(payload)

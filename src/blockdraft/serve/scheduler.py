@@ -21,6 +21,10 @@ class Cancelled(Exception):
     """Raised inside the decoding loop when the client has gone: it stops the generation and frees the slot."""
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+
+
 def _as_api_error(e: Exception) -> APIError:
     if isinstance(e, BlockdraftError):
         return APIError(400, str(e))
@@ -91,7 +95,7 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         if self._stopping:
-            raise APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+            raise shutting_down()
         self.start()
         self.queue.put(job)
         self._report_load()
@@ -143,8 +147,7 @@ class Scheduler:
             for seq in list(batch.active):
                 if stopping:
                     batch.remove(seq)
-                    seq.tag.finish("error", APIError(503, "the server is shutting down", kind="server_error",
-                                                     code="shutting_down"))
+                    seq.tag.finish("error", shutting_down())
                 elif seq.tag.cancelled.is_set():  # its client went away: free the slot now
                     batch.remove(seq)
                     seq.tag.finish("cancelled")
@@ -225,11 +228,12 @@ class Scheduler:
             except queue.Empty:
                 return
             if job is not None:
-                job.finish("error", APIError(503, "the server is shutting down", kind="server_error",
-                                             code="shutting_down"))
+                job.finish("error", shutting_down())
 
     def _run(self, job: Job) -> tuple[str, object]:
         """Decode one job; returns its final event."""
+        if self._stopping:
+            return "error", shutting_down()
         if job.cancelled.is_set():
             return "cancelled", None
         req = job.request
@@ -240,7 +244,7 @@ class Scheduler:
         job.emit("started")
 
         def on_tokens(ids: list[int]) -> None:
-            if job.cancelled.is_set():
+            if job.cancelled.is_set() or self._stopping:
                 raise Cancelled
             # each step emits its accepted drafts, then the target's bonus token (only a stop rule can cut
             # that bonus off, on the last step)
@@ -249,7 +253,7 @@ class Scheduler:
         try:
             result = decoder.generate(req.prompt_ids, req.max_tokens, req.stop, req.seed, on_tokens=on_tokens)
         except Cancelled:
-            return "cancelled", None
+            return ("error", shutting_down()) if self._stopping else ("cancelled", None)
         except BlockdraftError as e:
             return "error", APIError(400, str(e))
         s = result.stats
