@@ -250,3 +250,24 @@ def test_serve_command_refuses_bad_flags_in_one_line(args, words, capsys):
     assert main(["serve", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_request_options_cannot_grow_a_tree_beyond_the_cap(target, reference, max_batch):
+    import random
+
+    from blockdraft.drafters import DraftContext
+    from blockdraft.methods import make_drafter
+    from blockdraft.serve.scheduler import MAX_TREE_NODES
+
+    rng = random.Random(0)
+    prompt = "".join(rng.choice("abcdefgh ") for _ in range(200))
+    method = "lookup:max_branches=64:num_tokens=30:min_ngram=1:max_ngram=1:min_gain=0"
+    ids = reference.encode(prompt, chat_template=False)
+    uncapped = make_drafter(method, reference).propose(DraftContext(ids, None, 39))
+    assert len(uncapped) > 2 * MAX_TREE_NODES  # what the options ask for
+    with TestClient(create_app(target, "lookup", max_batch=max_batch)) as c:
+        r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 40, "method": method}).json()
+    stats = r["blockdraft"]
+    assert stats["tree_nodes"] <= stats["target_calls"] * MAX_TREE_NODES
+    assert r["choices"][0]["text"] == greedy(reference, ids, 40).text  # cut trees, same output

@@ -72,8 +72,9 @@ class BatchDecoder:
     token the target accepted, False for the target's own (bonus) token.
     """
 
-    def __init__(self, target: Target, max_batch: int = 8):
+    def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None):
         self.target, self.max_batch = target, max_batch
+        self.max_nodes = max_nodes  # optional cap on each tree's size, root included (as SpeculativeDecoder's)
         self.engine = BatchEngine(target.forwarder, max_batch)
         self.active: list[Sequence] = []  # active[i] lives in slot i
         self.forwards = 0  # batched verification forwards run (for tests and metrics)
@@ -145,7 +146,7 @@ class BatchDecoder:
                 failed.append(seq)
                 continue
             batch.append(seq)
-            trees.append(tree.truncate(len(tree), depth))
+            trees.append(tree.truncate(self.max_nodes or len(tree), depth))
             seq.stats.draft_s += time.perf_counter() - t0
         if not batch:
             return failed

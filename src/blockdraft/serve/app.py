@@ -30,7 +30,8 @@ def _finish_reason(stop_reason: str) -> str:
 
 def _stats(result, method: str) -> dict:
     s = result.stats
-    return {"method": method, "tau": s.tau, "target_calls": s.target_calls, "tokens_per_s": s.tokens_per_s,
+    return {"method": method, "tau": s.tau, "target_calls": s.target_calls, "tree_nodes": s.tree_nodes,
+            "tokens_per_s": s.tokens_per_s,
             "accepted_hist": {int(k): v for k, v in sorted(s.accepted_hist.items())}, "stop_reason": s.stop_reason}
 
 

@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 
 from ..decoding import BatchDecoder, SpeculativeDecoder
 from ..errors import BlockdraftError
@@ -15,6 +16,10 @@ from .metrics import Metrics
 from .schemas import APIError, GenerationRequest
 
 log = logging.getLogger("blockdraft.serve")
+MAX_DRAFTERS = 8  # method specs whose drafters stay built
+# Draft tree nodes verified per sequence and step, root included: a request's method options
+# (budget=, num_tokens=, max_branches=) cannot make one forward arbitrarily large. The defaults draft <= 17.
+MAX_TREE_NODES = 128
 
 
 class Cancelled(Exception):
@@ -79,7 +84,7 @@ class Scheduler:
         self.target, self.default_method, self.max_batch = target, default_method, max_batch
         self.metrics = metrics or Metrics()
         self.queue: queue.Queue = queue.Queue()
-        self.drafters: dict[str, object] = {}
+        self.drafters: OrderedDict[str, object] = OrderedDict()
         self.active = 0
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="blockdraft-worker", daemon=True)
@@ -111,15 +116,21 @@ class Scheduler:
         self.metrics.set_load(self.queue.qsize(), self.active)
 
     def drafter(self, method: str):
-        if method not in self.drafters:
+        """The drafter for a method spec, built once; the least recently used goes beyond MAX_DRAFTERS specs,
+        so that clients naming ever new options cannot pile up checkpoints in memory."""
+        if method in self.drafters:
+            self.drafters.move_to_end(method)
+        else:
             self.drafters[method] = make_drafter(method, self.target)
+            if len(self.drafters) > MAX_DRAFTERS:
+                self.drafters.popitem(last=False)  # sequences decoding with it keep their own fork
         return self.drafters[method]
 
     def _work(self) -> None:
         batch = None
         if self.max_batch > 1:
             try:
-                batch = BatchDecoder(self.target, self.max_batch)
+                batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES)
             except BlockdraftError as e:
                 log.warning("one request at a time: %s", e)
         if batch is not None:
@@ -238,7 +249,8 @@ class Scheduler:
             return "cancelled", None
         req = job.request
         try:
-            decoder = SpeculativeDecoder(self.target, self.drafter(req.method), req.params)
+            decoder = SpeculativeDecoder(self.target, self.drafter(req.method), req.params,
+                                         max_nodes=MAX_TREE_NODES)
         except BlockdraftError as e:
             return "error", APIError(400, str(e), param="method", code="invalid_method")
         job.emit("started")
