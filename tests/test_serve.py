@@ -165,7 +165,20 @@ BAD_REQUESTS = [
     ({"prompt": ""}, 400, "prompt", None),
     ({"max_tokens": 5}, 400, "prompt", None),
     ({"prompt": [1, 2, 999]}, 400, "prompt", None),
+    ({"prompt": PROMPT, "top_k": -1}, 400, "top_k", None),
+    ({"prompt": PROMPT, "echo": True}, 400, "echo", "unsupported"),
+    ({"prompt": PROMPT, "logprobs": 3}, 400, "logprobs", "unsupported"),
+    ({"prompt": PROMPT, "best_of": 2}, 400, "best_of", "unsupported"),
+    ({"prompt": PROMPT, "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported"),
+    ({"prompt": PROMPT, "logit_bias": {"5": 10}}, 400, "logit_bias", "unsupported"),
 ]
+
+
+def test_harmless_defaults_of_unsupported_fields_are_accepted(client):
+    body = {"prompt": PROMPT, "max_tokens": 3, "echo": False, "logprobs": None, "best_of": 1,
+            "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "suffix": None, "top_k": 5}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("body,status,param,code", BAD_REQUESTS)

@@ -139,6 +139,20 @@ def _chat_ids(target, body: dict) -> list[int]:
         raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
 
 
+# Fields that would change what comes back, which this server does not do: refused rather than ignored.
+UNSUPPORTED = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
+               "suffix": (None, ""), "logit_bias": (None, {}), "frequency_penalty": (None, 0, 0.0),
+               "presence_penalty": (None, 0, 0.0), "tools": (None, []), "functions": (None, []),
+               "response_format": (None, {"type": "text"})}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, harmless in UNSUPPORTED.items():
+        if name in body and not any(body[name] == h and type(body[name]) is type(h) for h in harmless):
+            raise APIError(400, f"'{name}' is not supported by this server (blockdraft returns the target's own "
+                                "tokens and distribution, and nothing else)", param=name, code="unsupported")
+
+
 def parse_generation(target, body: dict, default_method: str, model_name: str, chat: bool) -> GenerationRequest:
     """Validate a /v1/completions (chat=False) or /v1/chat/completions body against the target."""
     model = body.get("model")
@@ -148,8 +162,10 @@ def parse_generation(target, body: dict, default_method: str, model_name: str, c
     n = _integer(body, "n", 1)
     if n != 1:
         raise APIError(400, f"only n=1 is supported, got n={n}", param="n")
+    _refuse_unsupported(body)
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)  # OpenAI's range; 0 = greedy
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    top_k = _integer(body, "top_k", 0, low=0)  # an extension (as vLLM's); 0 = off
     seed = _integer(body, "seed")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -172,5 +188,5 @@ def parse_generation(target, body: dict, default_method: str, model_name: str, c
         raise APIError(400, f"the prompt has {len(ids)} tokens and {key}={max_tokens}, but the context holds "
                             f"{target.max_length} tokens: ask for at most {room}", param=key,
                        code="context_length_exceeded")
-    return GenerationRequest(ids, max_tokens, SamplingParams(float(temperature), 0, float(top_p)), method,
+    return GenerationRequest(ids, max_tokens, SamplingParams(float(temperature), top_k, float(top_p)), method,
                              seed, _stop(body), stream, include_usage, chat)
