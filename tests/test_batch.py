@@ -205,3 +205,32 @@ def test_a_failing_drafter_ends_only_its_own_sequence():
     assert bad in ended and isinstance(bad.error, RuntimeError) and bad.result is None
     want = SpeculativeDecoder(make_target(), NoDrafter()).generate(prompt(7, 1), 20)
     assert good.error is None and good.result.tokens == want.tokens
+
+
+def test_fork_reaches_drafters_inside_containers():
+    from blockdraft.drafters.hybrid import HybridDrafter
+    from blockdraft.drafters.suffix import SuffixDrafter
+
+    learned = FeatureRecorder((1,), seed=0)
+    hybrid = HybridDrafter({"suffix": SuffixDrafter()}, ("treeflash", learned))
+    twin = fork_drafter(hybrid)
+    assert twin.retrieval["suffix"] is not hybrid.retrieval["suffix"]
+    assert twin.learned[0] == "treeflash" and twin.learned[1] is not learned
+    assert twin.calibrator is hybrid.calibrator  # learnt across generations on purpose: shared
+
+
+@pytest.mark.parametrize("method", ["suffix", "hybrid:sources=suffix:cost=off", "lookup:max_branches=3"])
+def test_retrieval_methods_in_a_batch_keep_the_greedy_output(method):
+    from blockdraft.methods import make_drafter
+
+    target, reference = make_target(), make_target()
+    drafter = make_drafter(method, target)
+    decoder = BatchDecoder(target, max_batch=3)
+    prompts = [prompt(12, 0) * 2, prompt(5, 1) * 3, prompt(20, 2)]
+    seqs = [decoder.add(p, drafter, max_new_tokens=30) for p in prompts]
+    while decoder.active:
+        decoder.step()
+    for p, seq in zip(prompts, seqs, strict=True):
+        assert seq.error is None
+        assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(p, 30).tokens
+    assert sum(sum(k * n for k, n in s.stats.accepted_hist.items()) for s in seqs) > 0

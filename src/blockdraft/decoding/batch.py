@@ -29,12 +29,26 @@ from .stopping import Stopper
 def fork_drafter(drafter: Drafter) -> Drafter:
     """A drafter with its own per-sequence state and the same weights: drafters keep their state in
     attributes that `reset` and `propose` reassign, so a shallow copy (recursively through wrapped
-    drafters, e.g. a tree's base) is independent without copying any checkpoint."""
+    drafters: a tree's base, a hybrid's sources in their dict and tuple) is independent without
+    copying any checkpoint. What a drafter deliberately learns across generations in place (the
+    hybrid's acceptance calibration) stays shared; what it reassigns (suffix's global tree) stays
+    with the fork, so such learning does not carry from batched sequences to later ones."""
     twin = copy.copy(drafter)
     for name, value in vars(drafter).items():
-        if isinstance(value, Drafter):
-            setattr(twin, name, fork_drafter(value))
+        forked = _fork_value(value)
+        if forked is not value:
+            setattr(twin, name, forked)
     return twin
+
+
+def _fork_value(value):
+    if isinstance(value, Drafter):
+        return fork_drafter(value)
+    if isinstance(value, dict) and any(isinstance(v, Drafter) for v in value.values()):
+        return {k: _fork_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Drafter) for v in value):
+        return type(value)(_fork_value(v) for v in value)
+    return value
 
 
 @dataclass

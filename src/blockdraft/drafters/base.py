@@ -36,6 +36,13 @@ class Drafter:
     def propose(self, ctx: DraftContext) -> DraftTree:
         raise NotImplementedError
 
+    def observe(self, ctx: DraftContext) -> None:
+        """Take in a step's context without drafting (a hybrid that skips this drafter for a step).
+        Drafters that accumulate per-token state (the block drafter's context cache) override it."""
+
+    def forget(self) -> None:
+        """Drop what was learnt from earlier generations (the bench calls it after its warm-up)."""
+
 
 class LatticeDrafter(Drafter):
     """A drafter with a top-k lattice per step; on its own it proposes the chain of top-1 tokens.

@@ -9,18 +9,20 @@ from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..errors import BlockdraftError
 from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
+from .datastore import DatastoreTrainConfig, train_datastore
 from .features import build_store
 from .heads import HeadsTrainConfig, train_heads
 from .neural import NeuralTrainConfig, train_neural
 from .ngram import NGramTrainConfig, train_ngram
 from .treeflash import TreeFlashTrainConfig, train_treeflash
 
-# --drafter -> (its options, its training function); all but ngram train from the feature store
+# --drafter -> (its options, its training function); all but ngram and datastore train from the feature store
 DRAFTERS = {
     "heads": (HeadsTrainConfig, train_heads),
     "block": (BlockTrainConfig, train_block),
     "neural": (NeuralTrainConfig, train_neural),
     "ngram": (NGramTrainConfig, train_ngram),
+    "datastore": (DatastoreTrainConfig, train_datastore),
     "treeflash": (TreeFlashTrainConfig, train_treeflash),
 }
 
@@ -65,6 +67,8 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
                   store=None, resume=False, **options):
     """Train a drafter (`heads`, `block`) or a rescoring LM (`neural`, `ngram`) and save it to `out`."""
     cfg, train = training_config(drafter, out, resume, **options)
+    if drafter == "datastore":  # token ids and a suffix array, no target features
+        return train(target, out, data, max_tokens)
     if drafter == "ngram":  # counts tokens, needs no target features
         return train(target, out, data, cfg.order, max_tokens or 3_000_000, cfg.min_count)
     max_tokens = max_tokens or 600_000
