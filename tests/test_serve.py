@@ -265,6 +265,21 @@ def test_serve_command_refuses_bad_flags_in_one_line(args, words, capsys):
     assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
 
 
+def test_serve_command_refuses_a_port_in_use(capsys):
+    import socket
+
+    from blockdraft.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--target", "/does/not/matter"]) == 2
+    words = f"cannot listen on 127.0.0.1:{port}"
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_request_options_cannot_grow_a_tree_beyond_the_cap(target, reference, max_batch):
     import random

@@ -209,8 +209,10 @@ def cmd_serve(args) -> int:
     except APIError as e:
         raise BlockdraftError(e.message) from None
     api_key = args.api_key or os.environ.get("BLOCKDRAFT_API_KEY") or None
+    from .serve.server import check_address, run_server
+
+    check_address(args.host, args.port)  # a port in use fails now, not after loading the model
     target = _load_target(args)
-    from .serve.server import run_server
 
     run_server(target, args.method, args.host, args.port, args.max_batch, api_key)
     return 0
