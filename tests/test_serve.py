@@ -194,8 +194,18 @@ def test_bad_input_gets_its_4xx_and_the_server_keeps_serving(client, body, statu
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
+def test_chat_content_given_as_text_parts(client):
+    plain = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}],
+                                                      "max_tokens": 10}).json()
+    parts = [{"type": "text", "text": PROMPT[:5]}, {"type": "text", "text": PROMPT[5:]}]
+    split = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}],
+                                                      "max_tokens": 10}).json()
+    assert split["choices"] == plain["choices"] and split["usage"] == plain["usage"]
+
+
 def test_bad_chat_messages(client):
-    for messages in ([], [{"role": "user"}], [{"role": "wizard", "content": "x"}], "hello"):
+    for messages in ([], [{"role": "user"}], [{"role": "wizard", "content": "x"}], "hello",
+                     [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]):
         r = client.post("/v1/chat/completions", json={"messages": messages})
         assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages"), r.text
 

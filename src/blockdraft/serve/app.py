@@ -86,7 +86,8 @@ def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str 
     async def lifespan(app):
         scheduler.start()
         yield
-        scheduler.stop()
+        # in a thread: the loop must stay free to deliver the answers the worker gives while stopping
+        await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="blockdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler, app.state.metrics = scheduler, metrics

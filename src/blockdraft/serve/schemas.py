@@ -125,16 +125,22 @@ def _chat_ids(target, body: dict) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' is required: a non-empty list of {role, content}", param="messages")
+    conversation = []
     for i, m in enumerate(messages):
-        if (not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant")
-                or not isinstance(m.get("content"), str)):
-            raise APIError(400, f"messages[{i}] must be {{\"role\": system|user|assistant, \"content\": string}}",
-                           param=f"messages[{i}]")
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) for p in content):
+            content = "".join(p["text"] for p in content)  # OpenAI's content parts, text only
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(
+                content, str):
+            raise APIError(400, f"messages[{i}] must be {{\"role\": system|user|assistant, \"content\": string "
+                                "or text parts}", param=f"messages[{i}]")
+        conversation.append({"role": m["role"], "content": content})
     if target.tokenizer is None or not getattr(target.tokenizer, "chat_template", None):
         raise APIError(400, f"the target '{target.name}' has no chat template: use /v1/completions",
                        param="messages")
     try:
-        return target.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
+        return target.encode_chat(conversation)
     except Exception as e:  # a template that rejects the conversation (e.g. roles out of order)
         raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
 
