@@ -1,4 +1,4 @@
-"""The `blockdraft` command line: generate, bench, train."""
+"""The `blockdraft` command line: generate, bench, analyze, train, serve."""
 
 from __future__ import annotations
 
@@ -172,7 +172,50 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (and a playground page at /)")
+    s.add_argument("--method", default="lookup",
+                   help="the method of requests that name none in their 'method' field (default lookup)")
+    s.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    _add_precision_args(s)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
+    s.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    s.add_argument("--max-batch", type=_positive_int, default=8,
+                   help="sequences decoded together (default 8; 1 = one request at a time)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $BLOCKDRAFT_API_KEY, "
+                        "else no key)")
+    s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser
+
+
+def _port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 < n < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 1..65535, got '{value}'")
+    return n
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from .serve.schemas import APIError, check_method
+
+    try:
+        check_method(args.method, args.method)  # before spending seconds on loading the model
+    except APIError as e:
+        raise BlockdraftError(e.message) from None
+    api_key = args.api_key or os.environ.get("BLOCKDRAFT_API_KEY") or None
+    from .serve.server import check_address, run_server
+
+    check_address(args.host, args.port)  # a port in use fails now, not after loading the model
+    target = _load_target(args)
+
+    run_server(target, args.method, args.host, args.port, args.max_batch, api_key)
+    return 0
 
 
 def cmd_train(args) -> int:
@@ -285,7 +328,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze}
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze,
+            "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:
