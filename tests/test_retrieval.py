@@ -121,8 +121,9 @@ def test_the_global_tree_drafts_what_an_earlier_request_generated(tiny):
     assert drafter.outputs == [] and drafter.global_index is None
 
 
-@pytest.mark.parametrize("method", ["suffix", "rest", "recycle", "hybrid", "hybrid:sources=suffix,recycle", "hybrid:sources=suffix+rest+hydra",
-                                    "hybrid:sources=rest:cost=off", "hybrid:sources=suffix,treeflash:skip=0.5"])
+@pytest.mark.parametrize("method", ["suffix", "rest", "recycle", "hybrid", "hybrid:sources=suffix,recycle",
+                                    "hybrid:sources=suffix+rest+hydra", "hybrid:sources=rest:cost=off",
+                                    "hybrid:sources=suffix,treeflash:skip=0.5"])
 def test_float32_output_equals_ar(tiny, method):
     prompts = [tiny.encode(p, chat_template=False) for p in ("tell me more now\n", "abcab abcab abc")]
     drafter = make_drafter(method, tiny)
