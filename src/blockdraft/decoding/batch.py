@@ -66,6 +66,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + output; tokens[-1] is the next tree's root
     new: list[int] = field(default_factory=list)
     features: torch.Tensor | None = None  # features of the tokens committed since the last propose()
+    verified: tuple | None = None  # the last step's tree and its logits (what token recycling reads)
     keep_chars: int | None = None
     slot: int = -1
     started: float = 0.0
@@ -153,7 +154,7 @@ class BatchDecoder:
             t0 = time.perf_counter()
             depth = self._room(seq)
             try:
-                tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth))
+                tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth, seq.verified))
             except Exception as e:  # one drafter's failure ends its own sequence, not the batch's
                 seq.error = e
                 self.remove(seq)
@@ -180,6 +181,7 @@ class BatchDecoder:
             n = len(tree)
             acc = seq.acceptor.accept(tree, logits[b, :n], seq.gen)
             self.engine.commit(seq.slot, starts[b], acc.path)
+            seq.verified = (tree, logits[b, :n])
             seq.features = None
             if seq.drafter.feature_layers:  # this drafter's layers, in its order, at the accepted nodes
                 own = torch.cat([hidden[layers.index(layer)][b, :n] for layer in seq.drafter.feature_layers], -1)
