@@ -245,3 +245,20 @@ def test_recycling_drafts_a_repeated_generation_almost_entirely(tiny):
     first, second = decoder.generate(prompt, 32), decoder.generate(prompt, 32)
     assert second.tokens == first.tokens
     assert second.stats.target_calls < first.stats.target_calls  # the table kept what the target predicted
+
+
+def test_hybrid_trees_respect_the_budget_and_are_prefix_closed():
+    rng = random.Random(1)
+    for trial in range(40):
+        sources = {}
+        for s in range(rng.randint(1, 3)):
+            conts = [[rng.randrange(4) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 8))]
+            cand = frequency_trie(conts, len(conts), rng.randint(1, 8), 0.0, 64)
+            sources[f"s{s}"] = _FixedSource(cand.tokens, cand.parents, cand.prob, cand.match_length)
+        budget, max_depth = rng.randint(1, 12), rng.randint(1, 6)
+        tree = HybridDrafter(sources, budget=budget).propose(DraftContext([1, 2, 3], None, max_depth))
+        assert len(tree) <= budget + 1
+        paths = [tuple(tree.tokens[tree.path_to(i)[1:]].tolist()) for i in range(len(tree))]
+        assert len(set(paths)) == len(paths)  # no branch twice: sources' common prefixes merged
+        assert all(p[:-1] in paths for p in paths[1:])  # every node's parent path is in the tree
+        assert int(tree.depth.max()) <= max_depth
