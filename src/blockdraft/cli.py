@@ -307,6 +307,11 @@ def cmd_export(args) -> int:
     depth = n.get("num_heads") or n.get("block_size", 1) - 1
     print(f"wrote {out}: load it with vllm.LLM(MODEL, speculative_config={{\"method\": \"{e.vllm_method}\", "
           f"\"model\": \"{out}\", \"num_speculative_tokens\": {depth}}})")
+    if n.get("truncated_vocab_size", n.get("vocab_size")) < n.get("vocab_size", 0):
+        # vLLM 0.32's Medusa loader never reports token_map as loaded, and its strict check then refuses
+        # every reduced-vocabulary checkpoint (see export/vllm.py)
+        print("(vLLM 0.32 also needs model_loader_extra_config={\"enable_weights_track\": False} for its Medusa "
+              "token_map; or train the heads with --draft-vocab 0)")
     return 0
 
 

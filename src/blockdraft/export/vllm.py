@@ -62,6 +62,10 @@ def medusa_convert(config: dict, state: dict, target, folder) -> tuple[dict, dic
     tensors["lm_heads.0.weight"] = _lm_head_rows(target, vocab)
     if vocab is not None:
         tensors["token_map"] = vocab.long()
+    # vLLM 0.32 loads token_map (medusa.py:171-173) but leaves it out of the names load_weights returns (202),
+    # so default_loader.py's strict track_weights_loading refuses the checkpoint ("Following weights were not
+    # initialized from checkpoint: {'token_map'}"). The tensors are right; vLLM must be told
+    # model_loader_extra_config={"enable_weights_track": False}, or the heads trained with --draft-vocab 0.
     bias = model.heads[0].layers[0].bias is not None
     # MedusaConfig.from_pretrained renames every top-level key holding "num" and "heads"/"layers": keep
     # ours to num_heads / num_hidden_layers (our own record sits under "blockdraft").

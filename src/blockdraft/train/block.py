@@ -140,6 +140,8 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                     teacher = Teacher.gather(store, rows, t2d)
                     total = total + distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
                 anchors_seen += len(anchors)
+            if not torch.is_tensor(total):  # no sequence of this step has a reply position: nothing to learn
+                continue
             going = trainer.step(total, anchors_seen=anchors_seen)
             if not going:
                 break
