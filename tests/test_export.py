@@ -292,3 +292,22 @@ def test_export_command(tiny_model_dir, tmp_path, capsys):
     assert main(["export", "--to", "vllm", str(tmp_path / "y"), "--method", "dflash", "--checkpoint",
                  str(tmp_path / "medusa"), "--target", str(tiny_model_dir)]) == 2  # a heads checkpoint
     assert "not a 'block' drafter" in capsys.readouterr().err
+
+
+def test_block_training_skips_steps_without_reply_positions(tiny, stores, tmp_path):
+    """A conversation whose first turn fills the whole window has no reply position to anchor a block on
+    (ShareGPT has them past 512 tokens): its steps are skipped instead of crashing the run."""
+    from conftest import conversations
+
+    from blockdraft.train.features import build_store
+
+    # a 63-character question and its newline fill the 64-token window: only the last position, which
+    # predicts the cut-off first reply token, is a reply position, and a block needs one before it
+    long_question = [{"id": f"q{i}", "conversations": [{"from": "human", "value": "ab" * 31 + "c"},
+                                                        {"from": "gpt", "value": "abc " * 8}]} for i in range(6)]
+    store = build_store(tiny, long_question + conversations(6), tmp_path / "store", max_tokens=2000, max_len=64,
+                        top_k=8)
+    assert any(not store.assistant[a : b - 1].any() for a, b in store.sequences())
+    train_block(tiny, store, None, tmp_path / "out", BlockTrainConfig(
+        gamma=4, draft_vocab=0, epochs=2, lr=5e-3, anchors_per_seq=4, style="dflash"))
+    assert (tmp_path / "out" / "model.safetensors").is_file()
