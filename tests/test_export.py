@@ -288,7 +288,8 @@ def test_export_command(tiny_model_dir, tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["blockdraft"]["method"] == "bpd"
     assert main(["export", "--to", "vllm", str(tmp_path / "x"), "--method", "dflash", "--checkpoint",
                  str(tmp_path / "ffn-free"), "--target", str(tiny_model_dir)]) == 2
-    assert "q/k norm" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    err = capsys.readouterr().err.strip()
+    assert "q/k norm" in err and len(err.splitlines()) == 1 and not (tmp_path / "x").exists()
     assert main(["export", "--to", "vllm", str(tmp_path / "y"), "--method", "dflash", "--checkpoint",
                  str(tmp_path / "medusa"), "--target", str(tiny_model_dir)]) == 2  # a heads checkpoint
     assert "not a 'block' drafter" in capsys.readouterr().err
@@ -311,3 +312,14 @@ def test_block_training_skips_steps_without_reply_positions(tiny, stores, tmp_pa
     train_block(tiny, store, None, tmp_path / "out", BlockTrainConfig(
         gamma=4, draft_vocab=0, epochs=2, lr=5e-3, anchors_per_seq=4, style="dflash"))
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_train_style_is_checked_before_anything_slow(tmp_path):
+    from blockdraft.train.run import training_config
+
+    assert training_config("heads", tmp_path, style="medusa")[0].style == "medusa"
+    assert training_config("block", tmp_path, style="dflash")[0].style == "dflash"
+    with pytest.raises(BlockdraftError, match="'heads' drafter's styles are ffn, medusa"):
+        training_config("heads", tmp_path, style="dflash")
+    with pytest.raises(BlockdraftError, match="do not apply to the 'neural' drafter"):
+        training_config("neural", tmp_path, style="medusa")

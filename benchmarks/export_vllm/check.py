@@ -99,7 +99,7 @@ def report(paths: list[str]) -> None:
     plain = next((r for r in runs if r["mode"] == "plain"), None)
     ref = {rec["question_id"]: rec["tokens"] for rec in plain["records"]} if plain else {}
     print("| run | drafter | k | drafts | draft tokens | accepted | acceptance rate | mean acceptance length "
-          "| accepted per position | tokens/s | output == vLLM plain greedy |")
+          "| accepted per position | tokens/s (no warm-up) | output == vLLM plain greedy |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         s, recs = r["spec_decode"], r["records"]
