@@ -34,7 +34,7 @@ class BlockTrainConfig:
 
 def default_mask_token(target) -> int:
     """DFlash's MASK input for a target without a mask token of its own: its unknown token when that is not
-    an end of turn (SmolLM2: 0, <|endoftext|>, which chat replies never contain), else the last id. The
+    an end of turn (SmolLM2: 0, <|endoftext|>, which chat replies hardly ever contain), else the last id. The
     choice can only cost acceptance (verification keeps the output exact): the root's input is its own
     embedding either way."""
     unk = target.tokenizer.unk_token_id
