@@ -34,14 +34,22 @@ def data_path(data: str) -> str:
     return path
 
 
-@lru_cache(maxsize=2)
 def load_conversations(path: str | None = None) -> tuple[dict, ...]:
-    """Every complete record of the JSON array; an incomplete last record is dropped."""
-    text = Path(path or sharegpt_path()).read_text(encoding="utf-8")
-    start = text.find("[")
-    if start < 0:
-        raise BlockdraftError(f"'{path}' is not a JSON array of conversations")
-    decoder, i, records = json.JSONDecoder(), start + 1, []
+    """Every complete record of a JSON array, or of a JSONL file (one record a line, as `blockdraft selfdistill`
+    appends them); an incomplete last record is dropped."""
+    path = str(path or sharegpt_path())
+    stat = Path(path).stat()  # part of the cache key: a JSONL file that grew is read again
+    return _load_conversations(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _load_conversations(path: str, mtime_ns: int, size: int) -> tuple[dict, ...]:
+    text = Path(path).read_text(encoding="utf-8")
+    body = text.lstrip()
+    if not body.startswith(("[", "{")):
+        raise BlockdraftError(f"'{path}' is neither a JSON array of conversations nor JSONL records")
+    start = len(text) - len(body) + (body[0] == "[")
+    decoder, i, records = json.JSONDecoder(), start, []
     while True:
         while i < len(text) and text[i] in " \t\r\n,":
             i += 1

@@ -24,6 +24,7 @@ class BlockTrainConfig:
     anchors_per_seq: int = 64
     seqs_per_step: int = 1
     max_minutes: float = 0.0
+    stop_at_step: int = 0
     init_from_target: bool = False
     zero_init: bool = False
     seed: int = 0
@@ -80,7 +81,6 @@ def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Gen
 def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BlockTrainConfig,
                 resume: bool = False) -> BlockDrafter:
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     layers = tuple(store.layers)  # spaced layers for the context, then the final normed state
     model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma,
                                        final_state_residual=layers[-1] == target.num_layers,
@@ -101,15 +101,12 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     steps = int(cfg.epochs * len(seqs) / cfg.seqs_per_step)
     evaluate = (lambda: evaluate_block(drafter, valid, cols, max_seqs=40)) if valid is not None else None
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="block drafter",
-                      evaluate=evaluate)
-    anchors_seen = 0
+                      evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
-    going = trainer.step_no < steps
-    while going:
-        order = rng.permutation(len(seqs))
-        for i in range(0, len(order) - cfg.seqs_per_step + 1, cfg.seqs_per_step):
-            total = 0.0
-            for j in order[i : i + cfg.seqs_per_step]:
+    if not trainer.should_stop():
+        for group, rng in trainer.batches(np.arange(len(seqs)), cfg.seqs_per_step, cfg.seed):
+            total, n_anchors = None, 0
+            for j in group:
                 a, b = seqs[j]
                 anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
                 if len(anchors) == 0:
@@ -119,10 +116,13 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 with mixed_precision(target):
                     logits = block_forward(model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
                     teacher = Teacher.gather(store, rows, t2d)
-                    total = total + distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
-                anchors_seen += len(anchors)
-            going = trainer.step(total, anchors_seen=anchors_seen)
-            if not going:
+                    loss = distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
+                total = loss if total is None else total + loss
+                n_anchors += len(anchors)
+            if total is None:  # no reply position in these sequences
+                continue
+            seen = trainer.counters["anchors_seen"] = trainer.counters.get("anchors_seen", 0) + n_anchors
+            if not trainer.step(total, anchors_seen=seen):
                 break
     trainer.close()
     model.eval()

@@ -22,6 +22,7 @@ class NeuralTrainConfig:
     lr: float = 1e-3
     batch: int = 32
     max_minutes: float = 0.0
+    stop_at_step: int = 0
     seed: int = 0
 
 
@@ -48,7 +49,6 @@ def window_batch(store: FeatureStore, embed: torch.Tensor, s: np.ndarray, window
 def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: NeuralTrainConfig,
                  resume: bool = False) -> NeuralRescorer:
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
     # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
     model = NeuralLM(NeuralLMConfig(target.hidden_size, cfg.width, cfg.num_layers, window=cfg.window)).to(target.device)
     vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
@@ -59,17 +59,14 @@ def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, c
     steps = int(cfg.epochs * len(starts) / cfg.batch)
     evaluate = (lambda: evaluate_neural(rescorer, valid, limit=256)) if valid is not None else None
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="neural rescorer",
-                      evaluate=evaluate)
+                      evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
-    going = trainer.step_no < steps
-    while going:
-        order = rng.permutation(starts)
-        for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
-            emb, teacher, ok = window_batch(store, embed, order[i : i + cfg.batch], cfg.window, t2d)
+    if not trainer.should_stop():
+        for s, _ in trainer.batches(starts, cfg.batch, cfg.seed):
+            emb, teacher, ok = window_batch(store, embed, s, cfg.window, t2d)
             with mixed_precision(target):
                 loss = distill_loss(head(model(emb)), teacher, ok.float())
-            going = trainer.step(loss, windows_seen=(trainer.step_no + 1) * cfg.batch)
-            if not going:
+            if not trainer.step(loss, windows_seen=(trainer.step_no + 1) * cfg.batch):
                 break
     trainer.close()
     model.eval()

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..data.chat import check_chat_template
 from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..drafters.checkpoint import target_signature
 from ..errors import BlockdraftError
@@ -25,10 +26,11 @@ class NGramTrainConfig:
 
 def token_sequences(target, records, max_tokens: int, max_len: int = 4096, desc: str = "tokenizing"):
     """Chat-template token ids of conversations (prompts and replies) until max_tokens; also the reply masks."""
+    check_chat_template(target.tokenizer, f"target '{target.name}'")
     seqs, masks, n = [], [], 0
     with tqdm(total=max_tokens, unit="tok", desc=desc) as bar:
         for r in records:
-            conv = conversation_ids(target.tokenizer, r, max_len)
+            conv = conversation_ids(target.tokenizer, r, max_len, target.eos_token_ids)
             if conv is None:
                 continue
             ids, mask = conv
