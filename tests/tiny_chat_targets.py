@@ -73,8 +73,10 @@ def tiny_model(arch: str, tokenizer, seed: int = 0, logit_scale: float = 4.0, hi
     else:
         raise ValueError(arch)
     model.eval()
+    unused = [i for t, i in tokenizer.get_vocab().items() if t.startswith("<unused")]
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)  # peaked distributions: clear top-1 choices to learn
+        model.lm_head.weight[unused] = 0.0  # logit 0: the padding tokens lose to the best real token
     return model
 
 

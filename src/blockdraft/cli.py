@@ -219,6 +219,7 @@ def cmd_selfdistill(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from .train.common import saved_state
     from .train.run import saved_run, train_command, training_config
 
     names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "num_layers", "gamma", "draft_vocab", "lr", "seed",
@@ -230,6 +231,10 @@ def cmd_train(args) -> int:
             raise BlockdraftError("--resume needs the run's folder: --resume DIR (or --out DIR --resume)")
         if args.resume is not True and args.out is not None and Path(args.out) != Path(args.resume):
             raise BlockdraftError("--resume DIR continues the run in DIR and writes there: leave out --out")
+        if args.drafter == "ngram":
+            training_config("ngram", folder, resume=True)  # says why not
+        if saved_state(folder) is None:
+            raise BlockdraftError(f"--resume: '{folder}' has no saved training state (resume/state.json)")
         before = saved_run(folder)
         for key in ("drafter", "data", "max_tokens", "valid_tokens"):
             if getattr(args, key) is None:

@@ -104,7 +104,8 @@ PROBE = [{"role": "user", "content": "Hi there."}, {"role": "assistant", "conten
 
 def check_chat_template(tokenizer, name: str = "the target") -> None:
     """Refuse, in one line, a chat template in which no reply can be located (checked once per run)."""
-    if not has_chat_template(tokenizer):
+    if tokenizer is not None and not has_chat_template(tokenizer):
+        print(f"note: {name} has no chat template: conversations are used as plain text, one message a line")
         return
     try:
         ids, reply = chat_token_ids(tokenizer, PROBE)

@@ -94,6 +94,8 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
                smoothing=0.05, dynamic_ncols=True)
     try:
         with out.open("a", encoding="utf-8") as f:
+            if out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+                f.write("\n")  # after a torn last line (a killed run), start a fresh one
             for rid, text, ids in prompts:
                 if rid in done:
                     continue

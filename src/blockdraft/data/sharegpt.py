@@ -46,10 +46,11 @@ def load_conversations(path: str | None = None) -> tuple[dict, ...]:
 def _load_conversations(path: str, mtime_ns: int, size: int) -> tuple[dict, ...]:
     text = Path(path).read_text(encoding="utf-8")
     body = text.lstrip()
-    if not body.startswith(("[", "{")):
+    if body.startswith("{"):  # JSONL: a torn line (a run killed while appending) is skipped, not the rest
+        return tuple(r for r in map(_record, text.splitlines()) if r is not None)
+    if not body.startswith("["):
         raise BlockdraftError(f"'{path}' is neither a JSON array of conversations nor JSONL records")
-    start = len(text) - len(body) + (body[0] == "[")
-    decoder, i, records = json.JSONDecoder(), start, []
+    decoder, i, records = json.JSONDecoder(), len(text) - len(body) + 1, []
     while True:
         while i < len(text) and text[i] in " \t\r\n,":
             i += 1
@@ -62,6 +63,14 @@ def _load_conversations(path: str, mtime_ns: int, size: int) -> tuple[dict, ...]
         if isinstance(obj, dict) and obj.get("conversations"):
             records.append(obj)
     return tuple(records)
+
+
+def _record(line: str) -> dict | None:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and obj.get("conversations") else None
 
 
 def split_conversations(records, valid_share: float = 0.02) -> tuple[list[dict], list[dict]]:

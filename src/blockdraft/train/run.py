@@ -89,10 +89,12 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
     train_store, valid_store = prepare_stores(target, data, max_tokens, valid_tokens, store or before.get("store"),
                                               valid_store=None if store else before.get("valid_store"))
     Path(out).mkdir(parents=True, exist_ok=True)
-    record = {"drafter": drafter, "target": target.name, "target_arg": target_arg, "data": data,
+    record = {"drafter": drafter, "target": target.name, "target_arg": target_arg,
+              "data": data if data == "sharegpt" else str(Path(data).resolve()),
               "max_tokens": max_tokens,
               "valid_tokens": valid_tokens, "store": str(train_store.path),
               "valid_store": str(valid_store.path) if valid_store else None,
-              "options": {k: v for k, v in options.items() if v is not None}}
+              # --stop-at-step is where this invocation pauses, not part of the run: a resume would stop at once
+              "options": {k: v for k, v in options.items() if v is not None and k != "stop_at_step"}}
     (Path(out) / RUN_FILE).write_text(json.dumps(record, indent=1))
     return train(target, train_store, valid_store, Path(out), cfg, resume=resume)
