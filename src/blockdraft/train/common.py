@@ -291,8 +291,9 @@ class Trainer:
             self.stop_reason = ("interrupted" if self.stop_requested else "time limit" if self.budget.over()
                                 else "--stop-at-step" if self.stop_at and self.step_no >= self.stop_at else None)
             if self.stop_reason:
+                more = " --max-minutes LARGER" if self.stop_reason == "time limit" else ""
                 self.bar.write(f"{self.stop_reason}: stopping at step {self.step_no}/{self.total}; "
-                               f"continue with `blockdraft train --resume {self.out}`")
+                               f"continue with `blockdraft train --resume {self.out}{more}`")
         return self.stop_reason is not None
 
     @property
