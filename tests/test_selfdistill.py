@@ -85,6 +85,23 @@ def test_sampled_replies_resume_to_what_one_run_writes(chat_model_dir, prompts, 
                           seed=record_seed(7, r["id"])).text == r["conversations"][1]["value"]
 
 
+def test_later_turns_answer_the_targets_own_earlier_replies(chat_model_dir, tmp_path):
+    record = {"id": "m", "conversations": [{"from": "human", "value": "tell me"}, {"from": "gpt", "value": "x"},
+                                           {"from": "human", "value": "more"}, {"from": "gpt", "value": "y"},
+                                           {"from": "human", "value": "now"}]}
+    data = tmp_path / "multi.json"
+    data.write_text(json.dumps([record]))
+    assert run(chat_model_dir, data, tmp_path / "m.jsonl", "--turns", "2", "--max-prompt-tokens", "400") == 0
+    (r,) = lines(tmp_path / "m.jsonl")
+    turns = r["conversations"]
+    assert [t["from"] for t in turns] == ["human", "gpt", "human", "gpt"] and turns[2]["value"] == "more"
+    target = Target.load(str(chat_model_dir), dtype="float32")
+    ar = SpeculativeDecoder(target, make_drafter("ar", target))
+    history = [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": turns[1]["value"]},
+               {"role": "user", "content": "more"}]
+    assert turns[3]["value"] == ar.generate(target.encode_chat(history), 12).text  # given its own first reply
+
+
 def test_time_limit_and_errors(chat_model_dir, prompts, tmp_path, capsys, tiny_model_dir):
     assert run(chat_model_dir, prompts, tmp_path / "t.jsonl", "--max-minutes", "1e-9") == 0
     assert "stopped: time limit" in capsys.readouterr().out

@@ -192,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reply tokens in the file at the end, earlier runs included (default 200k)")
     d.add_argument("--max-new-tokens", type=_positive_int, default=256, help="longest reply (default 256)")
     d.add_argument("--max-prompt-tokens", type=_positive_int, default=256,
-                   help="skip prompts longer than this (default 256)")
+                   help="skip prompts longer than this, earlier turns included (default 256)")
+    d.add_argument("--turns", type=_positive_int, default=1,
+                   help="answer the first N human turns of each conversation, each given the target's own earlier "
+                        "replies (default 1)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
     d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
     d.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
@@ -212,7 +215,8 @@ def cmd_selfdistill(args) -> int:
         raise BlockdraftError(f"unknown method '{args.method}': choose one of {', '.join(METHODS)}")
     target = _load_target(args)
     s = selfdistill(target, args.out, args.method, args.max_tokens, args.max_new_tokens, args.max_prompt_tokens,
-                    args.data, args.temperature, args.top_p, args.top_k, args.seed, args.max_minutes or 0.0)
+                    args.data, args.temperature, args.top_p, args.top_k, args.seed, args.max_minutes or 0.0,
+                    args.turns)
     print(f"wrote {s['written']} replies ({s['new_tokens']:,} tokens, tau {s['tau']:.2f}, {s['minutes']:.1f} min) to "
           f"{s['file']}: {s['records']} records, {s['total_tokens']:,} reply tokens in all; stopped: {s['stop']}")
     return 0

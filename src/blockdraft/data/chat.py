@@ -48,7 +48,7 @@ def reply_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[i
     full = _render(tokenizer, messages)
     spans, text = [], full
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or i == 0:  # a reply needs something to reply to
             continue
         before = _render(tokenizer, messages[:i], generation_prompt=True)
         upto = _render(tokenizer, messages[: i + 1])

@@ -29,18 +29,12 @@ from .chat import has_chat_template
 from .sharegpt import data_path, load_conversations, split_conversations
 
 
-def first_prompts(records, target, max_prompt_tokens: int):
-    """(id, prompt text, chat-template ids) of each record's first human turn that fits, lazily."""
+def human_turns(records, turns: int):
+    """(id, the first `turns` human turns) of each record that starts with a human turn."""
     for r in records:
-        turns = r["conversations"]
-        if not turns or turns[0].get("from") != "human":
-            continue
-        text = str(turns[0].get("value", "")).strip()
-        if not text:
-            continue
-        ids = target.encode(text)
-        if len(ids) <= max_prompt_tokens:
-            yield str(r.get("id")), text, ids
+        texts = [str(t.get("value", "")).strip() for t in r["conversations"] if t.get("from") == "human"]
+        if r["conversations"] and r["conversations"][0].get("from") == "human" and texts[0]:
+            yield str(r.get("id")), [t for t in texts[:turns] if t]
 
 
 def done_so_far(path: Path) -> tuple[set[str], int]:
@@ -58,24 +52,44 @@ def done_so_far(path: Path) -> tuple[set[str], int]:
     return ids, tokens
 
 
-def record_seed(seed: int, rid: str) -> int:
-    return int(hashlib.sha1(f"{seed}:{rid}".encode()).hexdigest()[:8], 16)
+def record_seed(seed: int, rid: str, turn: int = 0) -> int:
+    key = f"{seed}:{rid}" if turn == 0 else f"{seed}:{rid}:{turn}"
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
+
+
+def reply_to(decoder, target, texts, rid, max_new_tokens, max_prompt_tokens, seed):
+    """The conversation with the target's own reply to each human turn (given its own earlier replies), up to
+    the first turn whose prompt is longer than max_prompt_tokens; (turns, reply tokens, target calls)."""
+    messages, turns, tokens, calls = [], [], 0, 0
+    for k, text in enumerate(texts):
+        messages.append({"role": "user", "content": text})
+        ids = target.encode_chat(messages)
+        if len(ids) > max_prompt_tokens:
+            break
+        result = decoder.generate(ids, max_new_tokens, seed=record_seed(seed, rid, k))
+        if not result.text.strip():
+            break  # an immediate end of turn: nothing to learn from, nor to continue
+        messages.append({"role": "assistant", "content": result.text})
+        turns += [{"from": "human", "value": text}, {"from": "gpt", "value": result.text}]
+        tokens, calls = tokens + len(result.tokens), calls + result.stats.target_calls
+    return turns, tokens, calls
 
 
 def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int = 200_000,
                 max_new_tokens: int = 256, max_prompt_tokens: int = 256, data: str = "sharegpt",
                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                max_minutes: float = 0.0, valid_share: float = 0.05) -> dict:
-    """Append the target's replies to the training split's prompts to `out` (JSONL) until ~max_tokens reply
-    tokens are in the file. Returns a summary (records and tokens written now and in total, tau, why it stopped)."""
+                max_minutes: float = 0.0, turns: int = 1, valid_share: float = 0.05) -> dict:
+    """Append the target's replies to the training split's prompts (the first `turns` human turns of each
+    conversation) to `out` (JSONL) until ~max_tokens reply tokens are in the file. Returns a summary (records
+    and tokens written now and in total, tau, why it stopped)."""
     from ..decoding import SpeculativeDecoder
     from ..methods import make_drafter
     from ..verify import SamplingParams
 
     if not has_chat_template(target.tokenizer):
         raise BlockdraftError("self-distillation needs a target with a tokenizer and a chat template")
-    if min(max_tokens, max_new_tokens, max_prompt_tokens) < 1:
-        raise BlockdraftError("--max-tokens, --max-new-tokens and --max-prompt-tokens must be positive")
+    if min(max_tokens, max_new_tokens, max_prompt_tokens, turns) < 1:
+        raise BlockdraftError("--max-tokens, --max-new-tokens, --max-prompt-tokens and --turns must be positive")
     params = SamplingParams(temperature, top_k, top_p)
     decoder = SpeculativeDecoder(target, make_drafter(method, target), params)
     path = data_path(data)
@@ -84,19 +98,18 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
     n_valid = max(1, int(max_tokens * valid_share / max_new_tokens * 2))
     out = Path(out)
     done, total = done_so_far(out)
-    prompts = itertools.chain(itertools.islice(first_prompts(valid, target, max_prompt_tokens), n_valid),
-                              first_prompts(train, target, max_prompt_tokens))
+    prompts = itertools.chain(itertools.islice(human_turns(valid, turns), n_valid), human_turns(train, turns))
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, written, new_tokens, calls, stop = time.time(), 0, 0, 0, "prompts exhausted"
     settings = {"target": target.name, "method": method, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                "dtype": str(target.dtype).removeprefix("torch.")}
+                "dtype": str(target.dtype).removeprefix("torch."), "turns": turns}
     bar = tqdm(total=max_tokens, initial=min(total, max_tokens), unit="tok", desc="self-distilled replies",
                smoothing=0.05, dynamic_ncols=True)
     try:
         with out.open("a", encoding="utf-8") as f:
             if out.stat().st_size and not out.read_bytes().endswith(b"\n"):
                 f.write("\n")  # after a torn last line (a killed run), start a fresh one
-            for rid, text, ids in prompts:
+            for rid, texts in prompts:
                 if rid in done:
                     continue
                 if total >= max_tokens:
@@ -105,17 +118,14 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
                 if max_minutes and time.time() - t0 >= max_minutes * 60:
                     stop = "time limit"
                     break
-                result = decoder.generate(ids, max_new_tokens, seed=record_seed(seed, rid))
-                if not result.text.strip():
-                    continue  # an immediate end of turn: nothing to learn from
-                record = {"id": rid, "conversations": [{"from": "human", "value": text},
-                                                       {"from": "gpt", "value": result.text}],
-                          "reply_tokens": len(result.tokens), "selfdistill": settings}
+                conversation, n, c = reply_to(decoder, target, texts, rid, max_new_tokens, max_prompt_tokens, seed)
+                if not conversation:
+                    continue  # its first prompt is too long, or the target ends its turn at once
+                record = {"id": rid, "conversations": conversation, "reply_tokens": n, "selfdistill": settings}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                f.flush()  # one complete line per reply: a killed run loses at most the reply in progress
-                written, total = written + 1, total + len(result.tokens)
-                new_tokens, calls = new_tokens + len(result.tokens), calls + result.stats.target_calls
-                bar.update(min(len(result.tokens), max(0, max_tokens - bar.n)))
+                f.flush()  # one complete line per conversation: a killed run loses at most the one in progress
+                written, total, new_tokens, calls = written + 1, total + n, new_tokens + n, calls + c
+                bar.update(min(n, max(0, max_tokens - bar.n)))
                 bar.set_postfix(tau=f"{new_tokens / max(calls, 1):.2f}",
                                 tok_s=f"{new_tokens / max(time.time() - t0, 1e-9):.1f}")
     except KeyboardInterrupt:
