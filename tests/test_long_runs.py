@@ -60,10 +60,8 @@ def test_stopped_and_resumed_equals_uninterrupted(tiny, stores, base_block, tmp_
     assert again_state["step"] == steps
     assert all(v.dtype == torch.float32 for v in whole.values() if v.is_floating_point())
     assert whole.keys() == again.keys() and all(torch.equal(whole[k], again[k]) for k in whole), kind
-    record = json.loads((tmp_path / "split" / "config.json").read_text())
-    training = record.get("training") or record.get("module", {}).get("training") or {}
-    if "steps" in training:
-        assert training["steps"] == steps and training["stopped"] is None
+    training = json.loads((tmp_path / "split" / "config.json").read_text())["training"]
+    assert training["steps"] == training["planned_steps"] == steps and training["stopped"] is None
 
 
 def forward_counter(target):
@@ -115,6 +113,35 @@ def test_time_limit_stops_with_a_checkpoint_and_resumes(tiny, stores, tmp_path):
     train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(max_minutes=60, **cfg), resume=True)
     state = json.loads((tmp_path / "run" / "resume" / "state.json").read_text())
     assert state["step"] == state["total_steps"]
+
+
+def test_ctrl_c_stops_after_the_step_and_resumes(tiny, stores, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from blockdraft.train import common
+
+    cfg = dict(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.3, batch=64, lr=5e-3)
+    gather, calls = common.Teacher.gather, []
+
+    def gather_then_interrupt(*a, **k):  # Ctrl-C arrives in the middle of the 4th step
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return gather(*a, **k)
+
+    monkeypatch.setattr(common.Teacher, "gather", staticmethod(gather_then_interrupt))
+    before = signal.getsignal(signal.SIGINT)
+    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(**cfg))  # no KeyboardInterrupt
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+    weights, state = resume_state(tmp_path / "run")
+    assert state["step"] == 4 < state["total_steps"]  # the step in progress was finished, then it stopped
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["stopped"] == "interrupted"
+    monkeypatch.setattr(common.Teacher, "gather", gather)
+    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(**cfg), resume=True)
+    train_heads(tiny, stores[0], None, tmp_path / "whole", HeadsTrainConfig(**cfg))
+    (a, _), (b, _) = resume_state(tmp_path / "run"), resume_state(tmp_path / "whole")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_cli_resume_errors(tmp_path, capsys):

@@ -296,10 +296,6 @@ class Trainer:
                                f"continue with `blockdraft train --resume {self.out}{more}`")
         return self.stop_reason is not None
 
-    @property
-    def finished(self) -> bool:
-        return self.step_no >= self.total
-
     def log_validation(self, **extra) -> DraftMetrics:
         self.model.eval()
         metrics = self.evaluate()
