@@ -141,7 +141,7 @@ def test_ngram_order_4_above_16_bits_matches_the_reference():
     contexts = [list(words[rng.integers(0, 5, size=3)]) for _ in range(40)]
     targets = list(words[rng.integers(0, 5, size=40)])
     got = np.exp(lm.logprob(np.array(contexts), np.array(targets)))
-    assert got == pytest.approx([ref(c, w) for c, w in zip(contexts, targets)], rel=1e-5)
+    assert got == pytest.approx([ref(c, w) for c, w in zip(contexts, targets, strict=True)], rel=1e-5)
     assert lm.distribution(contexts[0]).sum() == pytest.approx(1.0, abs=1e-6)
 
 
