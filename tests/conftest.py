@@ -94,3 +94,11 @@ def stores(tiny, tmp_path_factory):
     train = build_store(tiny, conversations(120), root / "train", max_tokens=6000, max_len=64, top_k=8)
     valid = build_store(tiny, conversations(10, seed=1), root / "valid", max_tokens=600, max_len=64, top_k=8)
     return train, valid
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tiny, stores, tmp_path_factory):
+    """Every shipped checkpoint kind, trained in seconds for `tiny` (see tiny_checkpoints.py)."""
+    from tiny_checkpoints import build_checkpoints
+
+    return build_checkpoints(tiny, stores, tmp_path_factory.mktemp("checkpoints"))

@@ -152,4 +152,4 @@ def test_cli_resume_errors(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "none")]) == 2
     assert "no saved training state" in capsys.readouterr().err
     assert main(["train", "--drafter", "ngram", "--resume", "--out", str(tmp_path)]) == 2
-    assert "does not apply to the n-gram LM" in capsys.readouterr().err
+    assert "does not apply to the ngram drafter" in capsys.readouterr().err

@@ -125,3 +125,21 @@ def test_cost_curve_cache_is_keyed_by_target_dtype_device_and_threads(tmp_path, 
     assert len(files) == 5 and any("bfloat16" in f for f in files) and any("cuda0" in f for f in files)
     assert all(c != first for c in curves)
     assert budget.cost_curve(target(dtype=torch.bfloat16)) == curves[0] and len(measured) == 5  # reused
+
+
+def test_measured_cost_curve_never_falls_below_a_smaller_tree(tiny_target, monkeypatch):
+    """Noise from another process must not make a big tree look cheaper than one token."""
+    real_verify, calls = tiny_target.verify, []
+
+    def noisy_verify(tree):  # every 3rd call is slowed down, as a burst of load would
+        calls.append(len(tree))
+        if len(calls) % 3 == 0:
+            import time
+            time.sleep(0.01)
+        return real_verify(tree)
+
+    monkeypatch.setattr(tiny_target, "verify", noisy_verify)
+    curve = budget.measure_cost_curve(tiny_target, sizes=(0, 1, 4, 16), reps=5)
+    values = [curve[b] for b in sorted(curve)]
+    assert curve[0] == 1.0 and values == sorted(values)
+    assert len(set(calls[:4])) == 4  # sizes are timed in turns, not one after another

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from conftest import conversations
 
-from blockdraft import Target
+from blockdraft import NoDrafter, SpeculativeDecoder, Target
 from blockdraft.train.block import BlockTrainConfig, train_block
+from blockdraft.train.datastore import build_datastore
 from blockdraft.train.heads import HeadsTrainConfig, train_heads
 from blockdraft.train.neural import NeuralTrainConfig, train_neural
 from blockdraft.train.ngram import train_ngram
@@ -19,7 +20,8 @@ from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash
 
 
 def build_checkpoints(target: Target, stores, root: Path) -> Path:
-    """root/<target name>/{bpd,dflash,treeflash,hydra,neural,ngram}; returns root (for methods.CHECKPOINTS)."""
+    """root/<target name>/{bpd,dflash,treeflash,hydra,neural,ngram,datastore}; returns root (for
+    methods.CHECKPOINTS)."""
     train, valid = stores
     out = Path(root) / target.name
     train_heads(target, train, None, out / "bpd",
@@ -35,6 +37,13 @@ def build_checkpoints(target: Target, stores, root: Path) -> Path:
     data = Path(root) / "conversations.json"
     data.write_text(json.dumps(conversations(80)))
     train_ngram(target, out / "ngram", data=str(data), order=3, max_tokens=2000, min_count=1)
+    # The datastore also holds one reply that continues the sampling tests' prompt the way the target
+    # itself does (greedily), so that retrieval has something the target accepts at T > 0 too.
+    prompt = "abcab abcab abc"
+    own = SpeculativeDecoder(target, NoDrafter()).generate(target.encode(prompt, chat_template=False), 16)
+    reply = {"id": "own", "conversations": [{"from": "human", "value": "tell me"},
+                                            {"from": "gpt", "value": prompt + own.text}]}
+    build_datastore(target, out / "datastore", conversations(80, seed=2) + [reply])
     return Path(root)
 
 

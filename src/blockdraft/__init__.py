@@ -1,7 +1,7 @@
 """blockdraft: block drafting and lossless tree verification for faster language model decoding."""
 
 from .api import generate, load_target
-from .decoding import GenerationResult, GenerationStats, SpeculativeDecoder
+from .decoding import BatchDecoder, GenerationResult, GenerationStats, SpeculativeDecoder
 from .drafters import DraftContext, Drafter, NoDrafter, PromptLookupDrafter
 from .errors import BlockdraftError
 from .methods import METHODS, make_drafter
@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
+    "BatchDecoder",
     "BlockdraftError",
     "DraftContext",
     "DraftTree",

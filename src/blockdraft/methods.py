@@ -6,7 +6,8 @@ from typing import Callable
 
 from pathlib import Path
 
-from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter
+from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter, SuffixDrafter
+from .drafters.recycle import RecycleDrafter
 from .errors import BlockdraftError
 from .target import Target
 from .target.packing import prepack_linears
@@ -54,6 +55,52 @@ def rescored(base: str, kind: str, mode: str, alpha: float) -> Callable[..., Dra
     return factory
 
 
+def rest_method(target: Target, datastore: str | None = None, **options) -> Drafter:
+    """REST: `datastore=DIR` (from `blockdraft train --drafter datastore`), else one shipped for this target,
+    else the cached one, built from ShareGPT's training split on first use; plus RestDrafter's options."""
+    from .drafters.rest import Datastore, RestDrafter
+    from .train.datastore import default_datastore
+
+    shipped = CHECKPOINTS / target.name / "datastore"
+    if datastore or (shipped / "config.json").is_file():
+        store = Datastore.load(datastore or shipped, target)
+    else:
+        store = default_datastore(target)
+    return RestDrafter(store, **options)
+
+
+def hybrid_method(target: Target, sources: str = "suffix,treeflash", budget: int = 24, skip: float = 2.0,
+                  weights: str | None = None, cost: str = "auto", learned_budget: int = 16) -> Drafter:
+    """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one of treeflash, hydra),
+    weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
+    tokens from retrieval above which the learned drafter is not run), cost=auto|off (cost-aware size)."""
+    from .drafters.hybrid import HybridDrafter
+    from .trees.budget import cost_curve
+
+    # '+' separates sources inside bench's comma-separated --methods list; ',' works elsewhere
+    names = [n.strip() for n in str(sources).replace("+", ",").split(",") if n.strip()]
+    factors = [float(w) for w in str(weights).replace("+", ",").split(",")] if weights is not None else [1.0] * len(names)
+    if len(factors) != len(names):
+        raise BlockdraftError(f"hybrid: {len(names)} sources but {len(factors)} weights")
+    retrieval, learned = {}, None
+    for name in names:
+        if name == "suffix":
+            retrieval[name] = SuffixDrafter()
+        elif name == "rest":
+            retrieval[name] = rest_method(target)
+        elif name == "recycle":
+            retrieval[name] = RecycleDrafter(target.vocab_size)
+        elif name in ("treeflash", "hydra") and learned is None:
+            learned = (name, METHODS[name][0](target, budget=learned_budget))
+        else:
+            raise BlockdraftError(f"hybrid: unknown or repeated source '{name}': use suffix, rest, recycle and "
+                                  "one of treeflash, hydra")
+    if cost not in ("auto", "off"):
+        raise BlockdraftError(f"hybrid: cost must be auto or off, got '{cost}'")
+    curve = cost_curve(target) if cost == "auto" else None
+    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors)))
+
+
 def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Drafter]:
     """Factory for a tree method: budget=B (draft nodes), prior=A (weight of the shipped n-gram LM
     in best-first scores, 0 = off), lm=DIR (another n-gram LM), plus the base drafter's options."""
@@ -88,6 +135,13 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
 METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
     "ar": (lambda target, **kw: NoDrafter(), "plain autoregressive decoding through the same Target code (baseline)"),
     "lookup": (lambda target, **kw: PromptLookupDrafter(**kw), "prompt lookup decoding (training-free n-gram copy)"),
+    "suffix": (lambda target, **kw: SuffixDrafter(**kw),
+               "SuffixDecoding: frequency-ranked suffix matches in the request and in earlier outputs (training-free)"),
+    "recycle": (lambda target, **kw: RecycleDrafter(target.vocab_size, **kw),
+                "token recycling: best-first trees over the target's own top-k from earlier passes (training-free)"),
+    "rest": (rest_method, "REST: longest-suffix retrieval from a ShareGPT datastore, merged into a trie"),
+    "hybrid": (hybrid_method, "one tree from several sources (suffix, rest, treeflash/hydra), ranked by "
+                              "online-calibrated acceptance, sized by the cost curve"),
     "bpd": (trained(HeadsDrafter, "bpd", "heads"), "blockwise parallel decoding heads on the target's state (chain)"),
     "dflash": (trained(BlockDrafter, "dflash", "block"), "one-shot block drafter fed with target features (chain)"),
     "medusa": (tree_method("bpd", "static"), "BPD heads, Medusa's static top-k tree (16 nodes)"),

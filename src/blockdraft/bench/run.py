@@ -17,7 +17,7 @@ from ..target.precision import dtype_name
 from ..verify import SamplingParams
 from .metrics import summarize
 from .questions import Question
-from .runners import check_methods, make_runner
+from .runners import DecoderRunner, check_methods, make_runner
 from .ties import classify_question, float32_reference, tie_tolerance
 
 
@@ -96,6 +96,8 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
     for runner in runners.values():
         for length in (len(warm), max(2, len(warm) - 8)):
             runner.run(warm[:length], 8, config.seed)
+        if isinstance(runner, DecoderRunner):
+            runner.forget()  # what a drafter carries across generations must come from measured turns only
 
     records: list[TurnRecord] = []
     total_turns = sum(len(q.turns) for q in questions) * len(runners)

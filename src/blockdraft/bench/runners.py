@@ -37,6 +37,10 @@ class DecoderRunner:
         self.decoder = SpeculativeDecoder(target, make_drafter(name, target), params, acceptor)
         self.lossless = self.decoder.acceptor.lossless
 
+    def forget(self) -> None:
+        """Drop what the drafter learnt across generations (e.g. suffix's global tree) during the warm-up."""
+        self.decoder.drafter.forget()
+
     def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, max_new_tokens, seed=seed)
         s = r.stats

@@ -1,6 +1,7 @@
 """The decoding loop: draft, verify, accept, commit; with stopping rules and per-call statistics."""
 
+from .batch import BatchDecoder
 from .decoder import SpeculativeDecoder
 from .stats import GenerationResult, GenerationStats
 
-__all__ = ["GenerationResult", "GenerationStats", "SpeculativeDecoder"]
+__all__ = ["BatchDecoder", "GenerationResult", "GenerationStats", "SpeculativeDecoder"]

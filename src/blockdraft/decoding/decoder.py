@@ -63,7 +63,7 @@ class SpeculativeDecoder:
         self.drafter.reset(prompt_ids)
         stats.prefill_s = time.perf_counter() - t_start
 
-        tokens, new = list(prompt_ids), []
+        tokens, new, verified = list(prompt_ids), [], None
         keep_chars = None
         while True:
             # Each step emits accepted drafts + 1 bonus token: drafts deeper than this are wasted.
@@ -73,7 +73,7 @@ class SpeculativeDecoder:
                 break
 
             t0 = time.perf_counter()
-            tree = self.drafter.propose(DraftContext(tokens, features, max_depth))
+            tree = self.drafter.propose(DraftContext(tokens, features, max_depth, verified))
             tree = tree.truncate(self.max_nodes or len(tree), max_depth)
             t1 = time.perf_counter()
             out = target.verify(tree)
@@ -86,6 +86,7 @@ class SpeculativeDecoder:
             stats.tree_nodes += len(tree)
             stats.accepted_hist[acc.accepted_drafts] += 1
 
+            verified = (tree, out.logits)
             emitted = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
             features = out.features[acc.path] if out.features is not None else None
             emitted, hit_eos = stopper.cut_eos(emitted)

@@ -6,6 +6,7 @@ from .block import BlockDrafter
 from .heads import HeadsDrafter
 from .lattice import DraftLattice
 from .lookup import PromptLookupDrafter
+from .suffix import SuffixDrafter
 
 __all__ = ["BlockDrafter", "DraftContext", "DraftLattice", "Drafter", "HeadsDrafter", "NoDrafter",
-           "PromptLookupDrafter"]
+           "PromptLookupDrafter", "SuffixDrafter"]

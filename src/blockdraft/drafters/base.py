@@ -18,6 +18,9 @@ class DraftContext:
     # the last step, or on the first step the prompt minus its last token. None if the drafter reads none.
     features: torch.Tensor | None
     max_depth: int  # drafts deeper than this would be cut (token budget or context end)
+    # The previous step's tree and the target's logits at its nodes ([n, V], float32, CPU): what token
+    # recycling drafts from. None on the first step.
+    verified: tuple[DraftTree, torch.Tensor] | None = None
 
 
 class Drafter:
@@ -35,6 +38,13 @@ class Drafter:
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         raise NotImplementedError
+
+    def observe(self, ctx: DraftContext) -> None:
+        """Take in a step's context without drafting (a hybrid that skips this drafter for a step).
+        Drafters that accumulate per-token state (the block drafter's context cache) override it."""
+
+    def forget(self) -> None:
+        """Drop what was learnt from earlier generations (the bench calls it after its warm-up)."""
 
 
 class LatticeDrafter(Drafter):

@@ -268,6 +268,9 @@ class BlockDrafter(LatticeDrafter):
         self.last_hidden = h[1:]  # the block's states per depth, for TreeFlash's AR approximation
         return DraftLattice.from_logits(self.lm_head(h[1:]), self.top_k, self.lm_head.vocab)
 
+    def observe(self, ctx: DraftContext) -> None:
+        self._append(ctx.features)
+
     def lattice(self, ctx: DraftContext) -> DraftLattice | None:
         """Take in the newly committed features, then draft this step's top-k lattice (None: nothing to draft)."""
         self._append(ctx.features)

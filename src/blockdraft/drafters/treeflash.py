@@ -98,6 +98,9 @@ class TreeFlashDrafter(Drafter):
     def reset(self, prompt_ids) -> None:
         self.base.reset(prompt_ids)
 
+    def observe(self, ctx: DraftContext) -> None:
+        self.base.observe(ctx)
+
     def lattice(self, ctx: DraftContext):
         return self.base.lattice(ctx)
 
@@ -116,12 +119,17 @@ class TreeFlashDrafter(Drafter):
         return parents, self.base.lm_head.to_target_ids(top.indices).cpu(), top.values.cpu()
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        tree, scores = self.scored_tree(ctx)
+        return keep_best(tree, scores, self.cost_curve)
+
+    def scored_tree(self, ctx: DraftContext) -> tuple[DraftTree, list[float]]:
+        """The best-first tree under the budget, and each draft node's cumulative log-prob (best first)."""
         root = ctx.tokens[-1]
         lattice = self.lattice(ctx)
         self.last_lattice = lattice
         if lattice is None:
-            return DraftTree.root_only(root)
+            return DraftTree.root_only(root), []
         parents, tokens, logp = self.transitions(root, lattice)
         scores: list[float] = []
         tree = best_first_transition_tree(root, lattice, parents, tokens, logp, self.budget, ctx.max_depth, scores)
-        return keep_best(tree, scores, self.cost_curve)
+        return tree, scores

@@ -24,22 +24,27 @@ class NGramTrainConfig:
     min_count: int = 2  # n-grams of order >= 3 seen once are pruned (their mass backs off): 3-4x smaller
 
 
-def token_sequences(target, records, max_tokens: int, max_len: int = 4096, desc: str = "tokenizing"):
-    """Chat-template token ids of conversations (prompts and replies) until max_tokens; also the reply masks."""
+def token_sequences(target, records, max_tokens: int | None, max_len: int = 4096, desc: str = "tokenizing"):
+    """Chat-template token ids of conversations (prompts and replies) until max_tokens (None: all of them);
+    also the reply masks."""
     check_chat_template(target.tokenizer, f"target '{target.name}'")
     seqs, masks, n = [], [], 0
-    with tqdm(total=max_tokens, unit="tok", desc=desc) as bar:
+    limit = max_tokens if max_tokens is not None else float("inf")
+    total, unit = (max_tokens, "tok") if max_tokens is not None else (len(records), "conv")
+    with tqdm(total=total, unit=unit, desc=desc) as bar:
         for r in records:
             conv = conversation_ids(target.tokenizer, r, max_len, target.eos_token_ids)
             if conv is None:
+                bar.update(0 if max_tokens is not None else 1)
                 continue
             ids, mask = conv
-            ids, mask = ids[: max_tokens - n], mask[: max_tokens - n]
+            if max_tokens is not None:
+                ids, mask = ids[: max_tokens - n], mask[: max_tokens - n]
             seqs.append(np.asarray(ids, dtype=np.int64))
             masks.append(np.asarray(mask, dtype=bool))
             n += len(ids)
-            bar.update(len(ids))
-            if n >= max_tokens:
+            bar.update(len(ids) if max_tokens is not None else 1)
+            if n >= limit:
                 break
     return seqs, masks
 

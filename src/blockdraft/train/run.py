@@ -11,18 +11,20 @@ from ..errors import BlockdraftError
 from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
 from .common import saved_state
+from .datastore import DatastoreTrainConfig, train_datastore
 from .features import build_store
 from .heads import HeadsTrainConfig, train_heads
 from .neural import NeuralTrainConfig, train_neural
 from .ngram import NGramTrainConfig, train_ngram
 from .treeflash import TreeFlashTrainConfig, train_treeflash
 
-# --drafter -> (its options, its training function); all but ngram train from the feature store
+# --drafter -> (its options, its training function); all but ngram and datastore train from the feature store
 DRAFTERS = {
     "heads": (HeadsTrainConfig, train_heads),
     "block": (BlockTrainConfig, train_block),
     "neural": (NeuralTrainConfig, train_neural),
     "ngram": (NGramTrainConfig, train_ngram),
+    "datastore": (DatastoreTrainConfig, train_datastore),
     "treeflash": (TreeFlashTrainConfig, train_treeflash),
 }
 
@@ -54,8 +56,8 @@ def training_config(drafter: str, out, resume: bool = False, **options):
     """Check the command's options before anything slow happens; returns (config, train function)."""
     if drafter not in DRAFTERS:
         raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
-    if resume and drafter == "ngram":
-        raise BlockdraftError("--resume does not apply to the n-gram LM (it is counted in one pass of ~1 minute)")
+    if resume and drafter in ("ngram", "datastore"):
+        raise BlockdraftError(f"--resume does not apply to the {drafter} drafter (built in one pass over the tokens)")
     if resume and saved_state(out) is None:
         raise BlockdraftError(f"--resume: '{out}' has no saved training state (resume/state.json)")
     config_cls, train = DRAFTERS[drafter]
@@ -82,6 +84,8 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
     A resumed run reuses the feature stores it was started with (their paths are in OUT/run.json):
     they are complete, so nothing is recomputed."""
     cfg, train = training_config(drafter, out, resume, **options)
+    if drafter == "datastore":  # token ids and a suffix array, no target features
+        return train(target, out, data, max_tokens)
     if drafter == "ngram":  # counts tokens, needs no target features
         return train(target, out, data, cfg.order, max_tokens or 3_000_000, cfg.min_count)
     max_tokens = max_tokens or 600_000

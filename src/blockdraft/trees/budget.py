@@ -27,23 +27,29 @@ from .tree import DraftTree
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def measure_cost_curve(target, sizes=SIZES, reps: int = 5, context: int = 128) -> dict[int, float]:
-    """Median time to verify a random tree of B draft nodes, relative to B = 0 (one token)."""
+def measure_cost_curve(target, sizes=SIZES, reps: int = 7, context: int = 128) -> dict[int, float]:
+    """Median time to verify a random tree of B draft nodes, relative to B = 0 (one token).
+
+    The sizes are timed in turns (every size once per round), so that a burst of load from another
+    process hits all sizes alike instead of one; a larger tree never costs less than a smaller one
+    (running maximum), whatever the noise."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(target.vocab_size, (context,), generator=g).tolist()
     target.prefill(prompt)
-    times = {}
+    trees = []
     for b in sizes:
         parents = [-1] + [int(torch.randint(i, (), generator=g)) for i in range(1, b + 1)]
-        tree = DraftTree(torch.randint(target.vocab_size, (b + 1,), generator=g), torch.tensor(parents))
-        runs = []
-        for _ in range(reps + 1):  # the first run warms up
+        trees.append(DraftTree(torch.randint(target.vocab_size, (b + 1,), generator=g), torch.tensor(parents)))
+    runs: list[list[float]] = [[] for _ in sizes]
+    for rep in range(reps + 1):  # the first round warms up
+        for i, tree in enumerate(trees):
             t0 = time.perf_counter()
             target.verify(tree)
-            runs.append(time.perf_counter() - t0)
+            if rep:
+                runs[i].append(time.perf_counter() - t0)
             target.commit([])  # drop the tree again: every run sees the same context
-        times[b] = float(np.median(runs[1:]))
-    return {b: t / times[0] for b, t in times.items()}
+    times = np.maximum.accumulate([float(np.median(r)) for r in runs])
+    return {b: float(t / times[0]) for b, t in zip(sizes, times)}
 
 
 def cost_curve_path(target) -> Path:

@@ -1,0 +1,143 @@
+"""Batched forward passes over several sequences, each with its own KV cache, on the static engine's weights.
+
+One verification step of continuous batching runs every active sequence's draft tree in one forward:
+trees padded to the batch's largest, each node attending to its own sequence's committed prefix and
+to its ancestors (per-sequence ancestor masks), at its own positions (per-sequence start + depth).
+Sequences live in slots 0..B-1 of one preallocated KV buffer [slots, kv_heads, capacity, head_dim], so
+the batch's keys are a view, not a gather; a finished sequence's slot is refilled by moving the last one in.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import BlockdraftError
+from .engine import CHUNK, StaticEngine, _rms_norm, _rope
+
+
+class BatchEngine:
+    """KV caches of up to `slots` sequences on the weights of a `StaticEngine` (shared, not copied)."""
+
+    def __init__(self, engine: StaticEngine, slots: int):
+        if not isinstance(engine, StaticEngine):
+            raise BlockdraftError("batched decoding needs the static engine (Llama-family targets); this target "
+                                  "runs on transformers' forward: serve it with --max-batch 1")
+        if slots < 1:
+            raise BlockdraftError(f"a batch needs at least one slot, got {slots}")
+        self.w = engine
+        self.slots = slots
+        self.lengths = [0] * slots  # committed tokens per slot
+        self.keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
+        self.values: list[torch.Tensor] = []
+        self.cos = self.sin = None
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _reserve(self, needed: int) -> None:
+        """Grow every slot's buffer (in CHUNK steps) to hold `needed` positions."""
+        if needed <= self.capacity:
+            return
+        w = self.w
+        cap = -(-needed // CHUNK) * CHUNK
+        dtype, device = w.embed.dtype, w.embed.device
+        shape = (self.slots, w.kv_heads, cap, w.head_dim)
+        old, n = self.keys + self.values, self.capacity
+        # zeros, not empty: a short sequence's masked-out tail is still multiplied by its zero attention
+        # weight, and uninitialised memory can hold NaN, which 0 * NaN would spread
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in w.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in w.layers]
+        for new, prev in zip(self.keys + self.values, old, strict=False):
+            new[:, :, :n] = prev
+        positions = torch.arange(cap, device=device).unsqueeze(0)
+        cos, sin = w.rotary(w.embed[:1].unsqueeze(0), positions)  # the model's own rotary tables
+        half = w.head_dim // 2
+        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+
+    def reset(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
+    @torch.inference_mode()
+    def forward(self, first: int, tokens: list[torch.Tensor], depths: list[torch.Tensor],
+                allowed: list[torch.Tensor | None], hidden_layers: tuple[int, ...] = (),
+                last_logits_only: bool = False):
+        """Slots first .. first+len(tokens)-1, one token list each (a tree's nodes, or a prompt):
+        tokens[b], depths[b]: [n_b]; allowed[b]: [n_b, n_b] bool among the new tokens (None = causal).
+
+        Writes their keys and values after each slot's committed prefix and returns
+        (logits [B, n, V] (or [B, 1, V]: the last row only, for a prefill of one sequence), hidden states of
+        `hidden_layers` [B, n, hidden] each); rows past n_b are padding.
+        """
+        w, B = self.w, len(tokens)
+        slots = range(first, first + B)
+        sizes = [len(t) for t in tokens]
+        n = max(sizes)
+        starts = torch.tensor([self.lengths[s] for s in slots])
+        end = int(starts.max()) + n  # pad rows are written too (after each prefix), then overwritten later
+        self._reserve(end)
+        device = w.embed.device
+        tok = torch.zeros(B, n, dtype=torch.long)
+        pos = torch.zeros(B, n, dtype=torch.long)
+        mask = torch.zeros(B, n, end, dtype=torch.bool)
+        keep = torch.arange(end)[None, :] < starts[:, None]  # [B, end]: each sequence's own prefix
+        mask |= keep[:, None, :]
+        for b, (t, d, a, size) in enumerate(zip(tokens, depths, allowed, sizes, strict=False)):
+            s = int(starts[b])
+            tok[b, :size], pos[b, :size] = t, s + d
+            pos[b, size:] = s  # any valid position: padding reads nothing that matters
+            a = torch.ones(size, size, dtype=torch.bool).tril_() if a is None else a.cpu()
+            mask[b, :size, s : s + size] = a
+            mask[b, range(size, n), range(s + size, s + n)] = True  # a pad row attends to itself only
+        tok, pos, mask = tok.to(device), pos.to(device), mask.to(device)[:, None]
+        # where each row's key and value go: slot b, position start_b + j
+        write_slot = torch.arange(first, first + B).repeat_interleave(n).to(device)
+        write_pos = (starts[:, None] + torch.arange(n)[None, :]).reshape(-1).to(device)
+
+        x = F.embedding(tok, w.embed)  # [B, n, hidden]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
+        hidden = {0: x} if 0 in hidden_layers else {}
+        for i, layer in enumerate(w.layers):
+            h = _rms_norm(x, layer.ln1, layer.eps1)
+            qkv = layer.qkv(h).view(B, n, -1, w.head_dim).transpose(1, 2)  # [B, heads + 2 kv_heads, n, d]
+            qk = _rope(qkv[:, : w.heads + w.kv_heads], cos, sin)
+            q, k, v = qk[:, : w.heads], qk[:, w.heads :], qkv[:, w.heads + w.kv_heads :]
+            keys, values = self.keys[i], self.values[i]
+            keys[write_slot, :, write_pos] = k.transpose(1, 2).reshape(B * n, w.kv_heads, w.head_dim)
+            values[write_slot, :, write_pos] = v.transpose(1, 2).reshape(B * n, w.kv_heads, w.head_dim)
+            a = F.scaled_dot_product_attention(q, keys[first : first + B, :, :end], values[first : first + B, :, :end],
+                                               attn_mask=mask, scale=w.scale, enable_gqa=w.kv_heads != w.heads)
+            x = x + layer.o(a.transpose(1, 2).reshape(B, n, -1))
+            h = _rms_norm(x, layer.ln2, layer.eps2)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+            if i + 1 in hidden_layers:
+                hidden[i + 1] = x
+        x = _rms_norm(x, w.norm, w.norm_eps)
+        last = len(w.layers)
+        if last in hidden_layers:
+            hidden[last] = x
+        for slot, size in zip(slots, sizes, strict=False):
+            self.lengths[slot] += size  # uncommitted until `commit` keeps a path of them
+        return w.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in hidden_layers]
+
+    @torch.inference_mode()
+    def commit(self, slot: int, start: int, path: list[int]) -> None:
+        """Keep slot's new entries `path` (node indices, root first) as positions start .. start+len(path)."""
+        m = len(path)
+        if path != list(range(m)):
+            src = torch.tensor(path, device=self.w.embed.device) + start
+            for k, v in zip(self.keys, self.values, strict=False):
+                k[slot, :, start : start + m] = k[slot].index_select(1, src)
+                v[slot, :, start : start + m] = v[slot].index_select(1, src)
+        self.lengths[slot] = start + m
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """Move a sequence from slot src to slot dst (keeping the active slots contiguous)."""
+        n = self.lengths[src]
+        for k, v in zip(self.keys, self.values, strict=False):
+            k[dst, :, :n] = k[src, :, :n]
+            v[dst, :, :n] = v[src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0

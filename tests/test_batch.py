@@ -1,0 +1,236 @@
+"""Batched speculative decoding: the batch engine reproduces the one-sequence engine, and every sequence of a
+continuous batch (different prompt lengths, joining at different steps, any draft trees) gets exactly its
+batch-1 greedy output, stop rules and statistics included (float32, tiny models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft import NoDrafter, SpeculativeDecoder, Target
+from blockdraft.decoding import BatchDecoder
+from blockdraft.decoding.batch import fork_drafter
+from blockdraft.drafters import PromptLookupDrafter
+from blockdraft.errors import BlockdraftError
+from blockdraft.target.batch_engine import BatchEngine
+from blockdraft.trees import DraftTree
+from conftest import CHARS, char_tokenizer, tiny_llama
+from drafters_for_tests import RandomTreeDrafter
+
+VOCAB = 3 + len(CHARS)
+
+
+def make_target(layers=()) -> Target:
+    return Target(tiny_llama(vocab_size=VOCAB, logit_scale=4.0), char_tokenizer(), name="tiny",
+                  feature_layers=layers)
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (length,), generator=g).tolist()
+
+
+def test_batch_engine_matches_the_single_sequence_engine_through_trees_and_commits():
+    layers = (0, 1, 2)
+    singles = [make_target(layers) for _ in range(3)]
+    engine = BatchEngine(make_target().forwarder, slots=3)
+    prompts = [prompt(n, seed) for seed, n in enumerate((5, 17, 9))]
+    for slot, (single, p) in enumerate(zip(singles, prompts, strict=False)):
+        want = single.prefill(p[:-1])
+        _, hidden = engine.forward(slot, [torch.tensor(p[:-1])], [torch.arange(len(p) - 1)], [None], layers)
+        torch.testing.assert_close(torch.cat([h[0] for h in hidden], -1), want, rtol=1e-5, atol=1e-5)
+    steps = [  # per step, per sequence: (tree, accepted path); paths that skip nodes move KV entries
+        [(DraftTree.from_paths(5, [[6, 7, 8], [6, 9], [10, 11]]), [0, 4, 5]), (DraftTree.chain(4, [5, 6]), [0, 1]),
+         (DraftTree.root_only(7), [0])],
+        [(DraftTree.chain(12, [13, 14, 15]), [0, 1, 2, 3]), (DraftTree.from_paths(9, [[3, 4], [5]]), [0, 3]),
+         (DraftTree.from_paths(8, [[1], [2], [3, 4, 5, 6]]), [0, 3, 4])],
+    ]
+    for step in steps:
+        starts = list(engine.lengths)
+        trees = [tree for tree, _ in step]
+        logits, hidden = engine.forward(0, [t.tokens for t in trees], [t.depth for t in trees],
+                                        [None if t.is_chain() else t.ancestor_mask() for t in trees], layers)
+        for b, (single, (tree, path)) in enumerate(zip(singles, step, strict=False)):
+            want = single.verify(tree)
+            n = len(tree)
+            torch.testing.assert_close(logits[b, :n].float(), want.logits, rtol=1e-5, atol=1e-5)
+            features = torch.cat([h[b, :n] for h in hidden], -1)
+            torch.testing.assert_close(features, want.features, rtol=1e-5, atol=1e-5)
+            single.commit(path)
+            engine.commit(b, starts[b], path)
+    assert engine.lengths == [s.length for s in singles]
+
+
+def test_batch_engine_refuses_transformers_forward():
+    target = Target(tiny_llama(vocab_size=VOCAB), name="t", engine="hf")
+    with pytest.raises(BlockdraftError, match="--max-batch 1"):
+        BatchDecoder(target, 4)
+
+
+class FeatureRecorder(RandomTreeDrafter):
+    """Random trees (seeded) that also keep every feature tensor they were given, to compare runs."""
+
+    def __init__(self, layers, seed):
+        super().__init__(VOCAB, max_nodes=6, seed=seed, favour=list(range(3, 12)))
+        self.feature_layers = layers
+
+    def reset(self, prompt_ids):
+        self.seen = []  # reassigned, so that a forked drafter keeps its own
+
+    def propose(self, ctx):
+        self.seen.append(None if ctx.features is None else ctx.features.clone())
+        return super().propose(ctx)
+
+
+def drafter_for(kind: str, seed: int):
+    if kind == "lookup":
+        return PromptLookupDrafter(min_ngram=1, max_branches=2)
+    if kind == "ar":
+        return NoDrafter()
+    return FeatureRecorder({"tree01": (0, 1), "tree2": (2,)}[kind], seed)
+
+
+# (prompt length, max new tokens, drafter kind, step at which it joins)
+REQUESTS = [(12, 40, "lookup", 0), (3, 25, "tree01", 0), (30, 10, "ar", 1), (1, 30, "tree2", 3),
+            (21, 35, "lookup", 3), (7, 20, "tree01", 6), (16, 28, "tree2", 9)]
+
+
+def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output():
+    target, reference = make_target(), make_target()
+    decoder = BatchDecoder(target, max_batch=4)
+    pending = [(i, *r) for i, r in enumerate(REQUESTS)]
+    seqs, step, sizes = {}, 0, []
+    while pending or decoder.active:
+        for item in [p for p in pending if p[4] <= step and decoder.free]:
+            i, length, max_new, kind, _ = item
+            if not decoder.free:
+                break
+            seqs[i] = decoder.add(prompt(length, i), drafter_for(kind, i), max_new_tokens=max_new)
+            pending.remove(item)
+        sizes.append(len(decoder.active))
+        decoder.step()
+        step += 1
+    assert max(sizes) == 4 and decoder.forwards < sum(s.stats.target_calls for s in seqs.values())
+    for i, (length, max_new, kind, _) in enumerate(REQUESTS):
+        got = seqs[i].result
+        want_drafter = drafter_for(kind, i)
+        want = SpeculativeDecoder(reference, want_drafter).generate(prompt(length, i), max_new)
+        plain = SpeculativeDecoder(reference, NoDrafter()).generate(prompt(length, i), max_new)
+        assert got.tokens == want.tokens == plain.tokens, f"request {i}"
+        assert got.stats.stop_reason == want.stats.stop_reason == "length"
+        # same drafts, same verdicts: the statistics agree step for step
+        assert got.stats.accepted_hist == want.stats.accepted_hist and got.stats.target_calls == want.stats.target_calls
+        if kind.startswith("tree"):  # the features each drafter saw: its own layers, its own sequence
+            seen, want_seen = seqs[i].drafter.seen, want_drafter.seen
+            assert len(seen) == len(want_seen)
+            for a, b in zip(seen, want_seen, strict=False):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert sum(sum(k * n for k, n in s.stats.accepted_hist.items()) for s in seqs.values()) > 10  # drafts accepted
+
+
+def test_stop_strings_and_the_context_end_as_in_batch_1():
+    target, reference = make_target(), make_target()
+    decoder = BatchDecoder(target, max_batch=3)
+    plain = SpeculativeDecoder(reference, NoDrafter()).generate(prompt(10, 0), 30)
+    stop = plain.text[6:8]
+    long_prompt = prompt(250, 1)  # the tiny model's context holds 256 tokens
+    streamed = {}
+    a = decoder.add(prompt(10, 0), PromptLookupDrafter(), stop_strings=(stop,), max_new_tokens=30,
+                    on_tokens=lambda ids, flags: streamed.setdefault("a", []).extend(zip(ids, flags, strict=False)))
+    b = decoder.add(long_prompt, PromptLookupDrafter(), max_new_tokens=30)
+    c = decoder.add(prompt(5, 2), NoDrafter(), max_new_tokens=40)
+    while decoder.active:
+        decoder.step()
+    want_a = SpeculativeDecoder(reference, PromptLookupDrafter()).generate(prompt(10, 0), 30, stop_strings=(stop,))
+    want_b = SpeculativeDecoder(reference, PromptLookupDrafter()).generate(long_prompt, 30)
+    want_c = SpeculativeDecoder(reference, NoDrafter()).generate(prompt(5, 2), 40)
+    assert (a.result.text, a.result.tokens, a.result.stats.stop_reason) == \
+        (want_a.text, want_a.tokens, "stop_string")
+    assert len(b.result.tokens) == 6 and b.result.tokens == want_b.tokens and b.result.stats.stop_reason == "length"
+    assert c.result.tokens == want_c.tokens
+    assert [t for t, _ in streamed["a"]] == a.result.tokens
+    drafts = sum(k * n for k, n in a.result.stats.accepted_hist.items())
+    assert sum(f for _, f in streamed["a"]) <= drafts  # the flags mark accepted drafts, never more
+
+
+def test_a_removed_sequence_frees_its_slot_for_the_next():
+    target = make_target()
+    decoder = BatchDecoder(target, max_batch=2)
+    a = decoder.add(prompt(8, 0), NoDrafter(), max_new_tokens=50)
+    b = decoder.add(prompt(9, 1), NoDrafter(), max_new_tokens=20)
+    with pytest.raises(BlockdraftError, match="full"):
+        decoder.add(prompt(5, 2), NoDrafter())
+    decoder.step()
+    decoder.remove(a)  # e.g. its client went away: b moves to slot 0
+    assert b.slot == 0 and decoder.free == 1
+    c = decoder.add(prompt(6, 3), NoDrafter(), max_new_tokens=20)
+    while decoder.active:
+        decoder.step()
+    reference = make_target()
+    for seq, (n, s, m) in ((b, (9, 1, 20)), (c, (6, 3, 20))):
+        assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(prompt(n, s), m).tokens
+
+
+def test_fork_shares_weights_but_not_state():
+    from blockdraft.trees.drafter import TreeDrafter
+
+    class Lattice(PromptLookupDrafter):
+        def lattice(self, ctx):
+            return None
+
+    base = Lattice()
+    tree = TreeDrafter(base, "best", budget=4)
+    twin = fork_drafter(tree)
+    assert twin is not tree and twin.base is not tree.base and twin.base.num_tokens == base.num_tokens
+    twin.reset([1, 2, 3])
+    twin.base.gain[2] = 0.0
+    assert tree.base.gain[2] != 0.0
+
+
+def test_a_failing_drafter_ends_only_its_own_sequence():
+    class Broken(NoDrafter):
+        def propose(self, ctx):
+            if len(ctx.tokens) > 8:
+                raise RuntimeError("drafter bug")
+            return super().propose(ctx)
+
+    decoder = BatchDecoder(make_target(), max_batch=2)
+    bad = decoder.add(prompt(6, 0), Broken(), max_new_tokens=20)
+    good = decoder.add(prompt(7, 1), NoDrafter(), max_new_tokens=20)
+    ended = []
+    while decoder.active:
+        ended += decoder.step()
+    assert bad in ended and isinstance(bad.error, RuntimeError) and bad.result is None
+    want = SpeculativeDecoder(make_target(), NoDrafter()).generate(prompt(7, 1), 20)
+    assert good.error is None and good.result.tokens == want.tokens
+
+
+def test_fork_reaches_drafters_inside_containers():
+    from blockdraft.drafters.hybrid import HybridDrafter
+    from blockdraft.drafters.suffix import SuffixDrafter
+
+    learned = FeatureRecorder((1,), seed=0)
+    hybrid = HybridDrafter({"suffix": SuffixDrafter()}, ("treeflash", learned))
+    twin = fork_drafter(hybrid)
+    assert twin.retrieval["suffix"] is not hybrid.retrieval["suffix"]
+    assert twin.learned[0] == "treeflash" and twin.learned[1] is not learned
+    assert twin.calibrator is hybrid.calibrator  # learnt across generations on purpose: shared
+
+
+@pytest.mark.parametrize("method", ["suffix", "recycle", "hybrid:sources=suffix+recycle:cost=off", "lookup:max_branches=3"])
+def test_retrieval_methods_in_a_batch_keep_the_greedy_output(method):
+    from blockdraft.methods import make_drafter
+
+    target, reference = make_target(), make_target()
+    drafter = make_drafter(method, target)
+    decoder = BatchDecoder(target, max_batch=3)
+    prompts = [prompt(12, 0) * 2, prompt(5, 1) * 3, prompt(20, 2)]
+    seqs = [decoder.add(p, drafter, max_new_tokens=30) for p in prompts]
+    while decoder.active:
+        decoder.step()
+    for p, seq in zip(prompts, seqs, strict=True):
+        assert seq.error is None
+        assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(p, 30).tokens
+    assert sum(sum(k * n for k, n in s.stats.accepted_hist.items()) for s in seqs) > 0

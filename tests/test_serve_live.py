@@ -1,0 +1,153 @@
+"""A real server (uvicorn on 127.0.0.1, a free port): a client that disconnects mid-stream frees its slot,
+concurrent requests are all answered with their own outputs, and a failing generation does not stop the worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from blockdraft.decoding import SpeculativeDecoder  # noqa: E402
+from blockdraft.drafters import NoDrafter  # noqa: E402
+from blockdraft import Target  # noqa: E402
+from blockdraft.target.batch_engine import BatchEngine  # noqa: E402
+from serve_fixtures import chat_target, running_server  # noqa: E402
+
+STEP_S = 0.02  # an artificially slow target: every verification pass sleeps this long
+
+
+def slow_down(monkeypatch, seconds: float = STEP_S) -> None:
+    """Every verification pass sleeps `seconds`: one at a time (Target.verify) and batched (BatchEngine.forward)."""
+    for cls, name in ((Target, "verify"), (BatchEngine, "forward")):
+        original = getattr(cls, name)
+
+        def slow(*args, _original=original, **kw):
+            time.sleep(seconds)
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(cls, name, slow)
+
+
+def metric(url: str, name: str) -> float:
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    samples = dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
+    return float(samples.get(name, 0))
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(max_batch, monkeypatch):
+    slow_down(monkeypatch)
+    with running_server(chat_target(), "ar", max_batch) as url:
+        body = {"prompt": "abc abc", "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=10) as r:
+            assert r.status_code == 200
+            first = next(line for line in r.iter_lines() if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["text"]
+        # 200 tokens at STEP_S each would hold the worker for 4 s; the next request must not wait for them
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and time.perf_counter() - t0 < 2.0
+        assert metric(url, 'blockdraft_requests_total{endpoint="completions",outcome="cancelled"}') == 1
+        assert metric(url, 'blockdraft_generated_tokens_total{method="ar"}') == 3  # the cut one never finished
+        assert httpx.get(url + "/health").json()["active"] == 0
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_concurrent_requests_each_get_their_own_answer(max_batch, monkeypatch):
+    prompts = [f"{w} {w} {w}" for w in ("abc", "xyz", "hello", "ab", "the cat", "q")]
+    reference = chat_target()
+    want = [SpeculativeDecoder(reference, NoDrafter()).generate(reference.encode(p, chat_template=False), 25).text
+            for p in prompts]
+    got: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        r = httpx.post(url + "/v1/completions", json={"prompt": prompts[i], "max_tokens": 25}, timeout=60)
+        got[i] = r.json()["choices"][0]["text"]
+
+    slow_down(monkeypatch, 0.005)  # so that the requests overlap
+    with running_server(chat_target(), "lookup", max_batch) as url:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert [got.get(i) for i in range(len(prompts))] == want
+    assert len(set(want)) > 1  # different prompts, different answers: a mix-up would show
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_failing_generation_answers_500_and_the_worker_goes_on(max_batch, monkeypatch):
+    calls = []
+    for cls, name in ((Target, "verify"), (BatchEngine, "forward")):
+        original = getattr(cls, name)
+
+        def flaky(*args, _original=original, **kw):
+            calls.append(1)
+            if len(calls) == 2:  # the first verification (batched: the call after the prefill)
+                raise RuntimeError("simulated failure")
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(cls, name, flaky)
+    with running_server(chat_target(), "ar", max_batch) as url:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}, timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "Traceback" not in r.text
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_client_that_gives_up_on_a_full_response_frees_its_slot(max_batch, monkeypatch):
+    slow_down(monkeypatch)
+    with running_server(chat_target(), "ar", max_batch) as url:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/v1/completions", json={"prompt": "abc abc", "max_tokens": 200}, timeout=0.5)
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/completions", json={"prompt": "abc", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and time.perf_counter() - t0 < 2.5  # not 4 s behind the abandoned one
+        deadline = time.time() + 2  # the server looks for a gone client every DISCONNECT_POLL_S
+        while metric(url, 'blockdraft_requests_total{endpoint="completions",outcome="cancelled"}') != 1:
+            assert time.time() < deadline, "the abandoned request was not cancelled"
+            time.sleep(0.1)
+        time.sleep(0.1)  # its slot goes at the worker's next step
+        assert httpx.get(url + "/health").json()["active"] == 0  # (the abandoned one would run for 4 s)
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_at_shutdown_every_queued_request_gets_an_answer(max_batch, monkeypatch):
+    import asyncio
+
+    from blockdraft.serve.scheduler import Job, Scheduler
+    from blockdraft.serve.schemas import GenerationRequest
+    from blockdraft.verify import SamplingParams
+
+    slow_down(monkeypatch)
+    target = chat_target()
+
+    async def main():
+        scheduler = Scheduler(target, "ar", max_batch=max_batch)
+        loop = asyncio.get_running_loop()
+        jobs = [Job(GenerationRequest(target.encode("abc", chat_template=False), 100, SamplingParams(), "ar"), loop)
+                for _ in range(6)]
+        for job in jobs:
+            scheduler.submit(job)
+        await asyncio.sleep(0.2)  # some are running, the rest wait in the queue
+        await loop.run_in_executor(None, scheduler.stop)
+        finals = []
+        for job in jobs:
+            while True:
+                kind, payload = await asyncio.wait_for(job.next(), 10)
+                if kind in ("done", "error", "cancelled"):
+                    finals.append((kind, getattr(payload, "status", None)))
+                    break
+        return finals, scheduler
+
+    finals, scheduler = asyncio.run(main())
+    assert len(finals) == 6 and not scheduler.alive
+    assert ("error", 503) in finals  # the queued ones were told the server is shutting down
+    assert all(kind == "done" or status == 503 for kind, status in finals)
