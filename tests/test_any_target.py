@@ -64,6 +64,15 @@ def test_truncation_keeps_the_reply_mask_aligned():
     assert ids == full_ids[:40] and mask[:-1] == full_mask[:39] and mask[-1] == 0
 
 
+def test_a_template_that_rewrites_history_keeps_the_consistent_prefix():
+    tok = chat_tokenizer("llama3")  # replies that are no longer the last message are shortened (as Qwen3 drops
+    tok.chat_template = tok.chat_template.replace(  # earlier reasoning)
+        "m['content'] | trim", "(m['content'] if loop.last or m['role'] == 'user' else 'x') | trim")
+    ids, mask = conversation_ids(tok, RECORD, 512)
+    assert trained_runs(tok, ids, mask) == ["ab ab<|eot_id|>"]  # the first reply, as rendered when it was last
+    assert tok.decode(ids).endswith("assistant<|end_header_id|>\n\nab ab<|eot_id|>")
+
+
 def test_a_template_that_drops_replies_is_refused():
     tok = chat_tokenizer("llama3")
     tok.chat_template = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"

@@ -52,8 +52,14 @@ def reply_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[i
             continue
         before = _render(tokenizer, messages[:i], generation_prompt=True)
         upto = _render(tokenizer, messages[: i + 1])
-        if not (upto.startswith(before) and full.startswith(upto)) or len(upto) == len(before):
+        if not upto.startswith(before) or len(upto) == len(before):
             text = full[: spans[-1][1]] if spans else ""  # keep the turns rendered consistently
+            break
+        if not full.startswith(upto):  # this reply is rendered differently once it is history
+            if not spans:  # keep the conversation up to it, rendered as when it was the last message
+                text, spans = upto, [(len(before), len(upto))]
+            else:
+                text = full[: spans[-1][1]]
             break
         spans.append((len(before), len(upto)))
     return text, spans
