@@ -109,3 +109,26 @@ def test_time_limit_and_errors(chat_model_dir, prompts, tmp_path, capsys, tiny_m
     assert "unknown method 'nope'" in capsys.readouterr().err
     assert run(tiny_model_dir, prompts, tmp_path / "t.jsonl") == 2  # a model without a chat template
     assert "needs a target with a tokenizer and a chat template" in capsys.readouterr().err
+
+
+def test_selfdistilled_file_trains_a_drafter_through_the_cli(chat_model_dir, tmp_path, capsys):
+    """The whole flow for a non-ChatML target: selfdistill, train on the JSONL, generate losslessly."""
+    words = ["tell", "me", "more", "now", "what", "go", "on", "so"]
+    records = [{"id": f"q{i}", "conversations": [{"from": "human", "value": f"{words[i % 8]} {words[i // 8 % 8]}"}]}
+               for i in range(40)]
+    (tmp_path / "prompts.json").write_text(json.dumps(records))
+    data = tmp_path / "self.jsonl"
+    assert run(chat_model_dir, tmp_path / "prompts.json", data, "--max-new-tokens", "24") == 0
+    out = tmp_path / "bpd"
+    assert main(["train", "--drafter", "heads", "--target", str(chat_model_dir), "--data", str(data), "--store",
+                 str(tmp_path / "store"), "--max-tokens", "5000", "--valid-tokens", "0", "--num-heads", "2",
+                 "--draft-vocab", "0", "--epochs", "3", "--lr", "0.005", "--out", str(out), "--dtype", "float32"]) == 0
+    assert json.loads((out / "config.json").read_text())["training"]["steps"] >= 3
+    capsys.readouterr()
+    results = {}
+    for method in ("ar", f"bpd:checkpoint={out}"):
+        assert main(["generate", "tell me more", "--target", str(chat_model_dir), "--method", method, "--json",
+                     "--dtype", "float32", "--max-new-tokens", "30"]) == 0
+        results[method] = json.loads(capsys.readouterr().out)
+    ar, bpd = results.values()
+    assert bpd["tokens"] == ar["tokens"] and bpd["target_calls"] < ar["target_calls"]
