@@ -81,6 +81,7 @@ def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Gen
 def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BlockTrainConfig,
                 resume: bool = False) -> BlockDrafter:
     torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
     layers = tuple(store.layers)  # spaced layers for the context, then the final normed state
     model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma,
                                        final_state_residual=layers[-1] == target.num_layers,
@@ -104,7 +105,7 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                       evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
     if not trainer.should_stop():
-        for group, rng in trainer.batches(np.arange(len(seqs)), cfg.seqs_per_step, cfg.seed):
+        for group in trainer.batches(np.arange(len(seqs)), cfg.seqs_per_step, rng):
             total, n_anchors = None, 0
             for j in group:
                 a, b = seqs[j]

@@ -177,8 +177,8 @@ class Trainer:
     The schedule follows whichever runs out first, steps or minutes, so a time-boxed run still
     ends with a decayed learning rate. A checkpoint (OUT/resume/) holds the weights, the optimizer
     state (safetensors, never pickle), the step (hence the schedule's position), the time spent and
-    the data position (epoch, batch): with `batches()` a resumed run draws exactly the batches an
-    uninterrupted one would have, so in float32 it ends with the same weights. SIGINT/SIGTERM (Ctrl-C,
+    the data position (epoch, batch, the data rng's state): with `batches()` a resumed run draws exactly
+    the batches an uninterrupted one would have, so in float32 it ends with the same weights. SIGINT/SIGTERM (Ctrl-C,
     a session that ends) stop after the current step, like the time limit: state saved, resumable.
     """
 
@@ -189,7 +189,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step_no, spent = 0, 0.0
-        self.epoch, self.batch_in_epoch = 0, 0  # the data position: the next batch to draw
+        self.epoch, self.batch_in_epoch = 0, 0  # the data position: the next batch to draw ...
+        self.rng = self.epoch_start = self.saved_rng = None  # ... and the data rng's states (see batches())
         self.counters: dict[str, int] = {}  # running totals for the log (e.g. anchors seen), kept across resumes
         self.state_dir = self.out / "resume"
         if resume:
@@ -227,25 +228,34 @@ class Trainer:
                                          "exp_avg_sq": opt[f"{i}.exp_avg_sq"].to(p.device)}
         self.step_no = state["step"]
         self.epoch, self.batch_in_epoch = state.get("epoch", 0), state.get("batch", 0)
+        self.saved_rng = state.get("rng")
         self.counters = state.get("counters", {})
         return state["spent_s"]
 
-    def batches(self, items, size: int, seed: int):
-        """Endless epochs of `size` items (a fresh permutation of `items` each), from the saved data position.
+    def batches(self, items, size: int, rng: np.random.Generator):
+        """Endless epochs of `size` items, each epoch a fresh permutation of `items` drawn from `rng` (which
+        also serves the batches' own random choices, e.g. anchors), from the saved data position.
 
-        Yields (items of one batch, its own rng for any further random choice, e.g. anchors). Both are
-        functions of (seed, epoch, batch) only, which is what makes a resumed run draw the same data.
+        The state saves the rng's state at the epoch's start (to draw the same permutation again) and now
+        (for the batches still to come): a resumed run draws exactly what an uninterrupted one would, and
+        the stream is the one a plain loop over `rng` draws.
         """
         items = np.asarray(items)
         per_epoch = len(items) // size
         if per_epoch == 0:
             return
+        self.rng, resumed = rng, self.saved_rng
         while True:
-            order = np.random.default_rng([seed, self.epoch]).permutation(items)
+            if resumed:
+                rng.bit_generator.state = resumed[0]
+            self.epoch_start = rng.bit_generator.state
+            order = rng.permutation(items)
+            if resumed:
+                rng.bit_generator.state, resumed = resumed[1], None
             while self.batch_in_epoch < per_epoch:
                 i = self.batch_in_epoch
                 self.batch_in_epoch += 1  # a state saved during this batch's step resumes at the next one
-                yield order[i * size : (i + 1) * size], np.random.default_rng([seed, self.epoch, i])
+                yield order[i * size : (i + 1) * size]
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
     def record(self, cfg, store) -> dict:
@@ -325,7 +335,8 @@ class Trainer:
         if opt:
             save_file(opt, str(new / "optimizer.safetensors"))
         state = {"step": self.step_no, "total_steps": self.total, "spent_s": self.budget.spent,
-                 "epoch": self.epoch, "batch": self.batch_in_epoch, "counters": self.counters}
+                 "epoch": self.epoch, "batch": self.batch_in_epoch, "counters": self.counters,
+                 "rng": [self.epoch_start, self.rng.bit_generator.state] if self.rng is not None else self.saved_rng}
         (new / "state.json").write_text(json.dumps(state))  # last: a folder with state.json is complete
         shutil.rmtree(old, ignore_errors=True)
         if self.state_dir.exists():

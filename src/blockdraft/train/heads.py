@@ -58,6 +58,7 @@ def heads_forward(model: HeadsModel, lm_head: FrozenLMHead, store: FeatureStore,
 def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: HeadsTrainConfig,
                 resume: bool = False) -> HeadsDrafter:
     torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
     final = store.layers[-1]
     if cfg.init:
         drafter = for_training(HeadsDrafter.from_pretrained(cfg.init, target))
@@ -79,7 +80,7 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                       stop_at_step=cfg.stop_at_step)
     model.train()
     if not trainer.should_stop():
-        for p, _ in trainer.batches(positions.candidates, cfg.batch, cfg.seed):
+        for p in trainer.batches(positions.candidates, cfg.batch, rng):
             p = np.sort(p)
             rows, ok = positions.batch(p)
             with mixed_precision(target):

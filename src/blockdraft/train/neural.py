@@ -49,6 +49,7 @@ def window_batch(store: FeatureStore, embed: torch.Tensor, s: np.ndarray, window
 def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: NeuralTrainConfig,
                  resume: bool = False) -> NeuralRescorer:
     torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
     # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
     model = NeuralLM(NeuralLMConfig(target.hidden_size, cfg.width, cfg.num_layers, window=cfg.window)).to(target.device)
     vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
@@ -62,7 +63,7 @@ def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, c
                       evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
     if not trainer.should_stop():
-        for s, _ in trainer.batches(starts, cfg.batch, cfg.seed):
+        for s in trainer.batches(starts, cfg.batch, rng):
             emb, teacher, ok = window_batch(store, embed, s, cfg.window, t2d)
             with mixed_precision(target):
                 loss = distill_loss(head(model(emb)), teacher, ok.float())

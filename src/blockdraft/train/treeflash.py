@@ -115,6 +115,7 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
         raise BlockdraftError("--drafter treeflash trains on top of a block drafter or BPD heads: "
                               "pass --init DRAFTER_DIR")
     torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
     base = load_base(cfg.init, target)
     module = ARApproxModule(ARApproxConfig(target.hidden_size, cfg.inner_size, block_drafter=str(cfg.init),
                                            base_kind=base.kind)).to(target.device)
@@ -129,7 +130,7 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
     module.train()
     items, size, make = batch_source(base, store, cfg)
     if not trainer.should_stop():
-        for chosen, rng in trainer.batches(items, size, cfg.seed):
+        for chosen in trainer.batches(items, size, rng):
             batch = make(chosen, rng)
             if batch is None:
                 continue
