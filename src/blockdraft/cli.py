@@ -1,4 +1,4 @@
-"""The `blockdraft` command line: generate, bench, analyze, train, selfdistill, serve."""
+"""The `blockdraft` command line: generate, bench, analyze, train, selfdistill, serve, export."""
 
 from __future__ import annotations
 
@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init", default=None,
                    help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter or BPD heads "
                         "to build on")
+    t.add_argument("--style", default=None,
+                   help="heads: ffn (default) or medusa (Medusa's x + SiLU(Wx+b) heads); block: blockdraft (default) "
+                        "or dflash (DFlash's own architecture): the styles `blockdraft export --to vllm` can write")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -218,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $BLOCKDRAFT_API_KEY, "
                         "else no key)")
     s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+
+    x = sub.add_parser("export", help="write a drafter in vLLM's format: BPD heads as Medusa, the block drafter as DFlash")
+    x.add_argument("out", metavar="DIR", help="output folder (config.json + model.safetensors)")
+    x.add_argument("--to", required=True, choices=["vllm"], help="the engine whose format to write")
+    x.add_argument("--method", default="bpd", choices=["bpd", "dflash"],
+                   help="bpd (default): BPD heads -> vLLM medusa; dflash: the block drafter -> vLLM dflash")
+    x.add_argument("--checkpoint", default=None, help="drafter checkpoint folder (default: the one shipped for the target)")
+    x.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     return parser
 
 
@@ -272,7 +283,7 @@ def cmd_train(args) -> int:
     from .train.run import saved_run, train_command, training_config
 
     names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "num_layers", "gamma", "draft_vocab", "lr", "seed",
-             "order", "min_count", "width", "init")
+             "order", "min_count", "width", "init", "style")
     options = {k: getattr(args, k) for k in names}
     if args.resume is not None:  # the run's own arguments, unless given again
         folder = args.out if args.resume is True else args.resume
@@ -399,8 +410,28 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .api import load_target
+    from .export import EXPORTERS, export_vllm
+
+    # float32 on the CPU: the LM head rows written out are the target's own, unrounded
+    target = load_target(args.target, "float32", "cpu")
+    out = export_vllm(args.out, args.method, target, args.checkpoint)
+    e = EXPORTERS[args.method]
+    n = json.loads((out / "config.json").read_text())
+    depth = n.get("num_heads") or n.get("block_size", 1) - 1
+    print(f"wrote {out}: load it with vllm.LLM(MODEL, speculative_config={{\"method\": \"{e.vllm_method}\", "
+          f"\"model\": \"{out}\", \"num_speculative_tokens\": {depth}}})")
+    if n.get("truncated_vocab_size", n.get("vocab_size")) < n.get("vocab_size", 0):
+        # vLLM 0.32's Medusa loader never reports token_map as loaded, and its strict check then refuses
+        # every reduced-vocabulary checkpoint (see export/vllm.py)
+        print("(vLLM 0.32 also needs model_loader_extra_config={\"enable_weights_track\": False} for its Medusa "
+              "token_map; or train the heads with --draft-vocab 0)")
+    return 0
+
+
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze,
-            "selfdistill": cmd_selfdistill, "serve": cmd_serve}
+            "selfdistill": cmd_selfdistill, "serve": cmd_serve, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

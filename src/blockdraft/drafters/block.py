@@ -23,6 +23,12 @@ from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .lattice import DraftLattice
 from .layers import FrozenLMHead
 
+# "blockdraft": the drafter described above. "dflash": the architecture vLLM's DFlashDraftModel runs
+# (vllm/model_executor/models/qwen3_dflash.py), so that `blockdraft export --to vllm` can write it exactly:
+# per-head RMSNorm on queries and keys, block inputs that are plain embeddings [root, MASK x (gamma-1)] with
+# MASK the target's own embedding of `mask_token_id`, features scaled but not centred, no final-state feature.
+BLOCK_STYLES = ("blockdraft", "dflash")
+
 
 @dataclass
 class BlockConfig:
@@ -43,6 +49,8 @@ class BlockConfig:
     # from its final state. Off by default: at equal steps it matched the plain start (validation tau
     # 1.202 vs 1.204 after ~826 steps).
     zero_init: bool = False
+    style: str = "blockdraft"  # one of BLOCK_STYLES
+    mask_token_id: int = 0  # style "dflash": the token whose (frozen) target embedding fills the MASK positions
     training: dict = field(default_factory=dict)  # how the checkpoint was made (for the record)
 
     @property
@@ -89,18 +97,26 @@ class BlockLayer(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
         self.input_norm = nn.RMSNorm(h, eps=c.rms_eps)
         self.post_norm = nn.RMSNorm(h, eps=c.rms_eps)
+        if c.style == "dflash":  # Qwen3's QK-norm, which vLLM's DFlash attention always applies
+            self.q_norm = nn.RMSNorm(hd, eps=c.rms_eps)
+            self.k_norm = nn.RMSNorm(hd, eps=c.rms_eps)
 
     def kv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (rotated) and values [kv_heads, n, head_dim] of already-normed states h [n, H]."""
         c = self.c
         k = self.k_proj(h).view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)
         v = self.v_proj(h).view(-1, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        if c.style == "dflash":
+            k = self.k_norm(k)
         return rope(k, pos, c.rope_theta), v
 
     def forward(self, x, pos, ctx_k, ctx_v, mask=None):
         c = self.c
         h = self.input_norm(x)
-        q = rope(self.q_proj(h).view(-1, c.num_heads, c.head_dim).transpose(0, 1), pos, c.rope_theta)
+        q = self.q_proj(h).view(-1, c.num_heads, c.head_dim).transpose(0, 1)
+        if c.style == "dflash":
+            q = self.q_norm(q)
+        q = rope(q, pos, c.rope_theta)
         k, v = self.kv(h, pos)
         k, v = torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1)
         rep = c.num_heads // c.num_kv_heads
@@ -116,12 +132,18 @@ class BlockModel(nn.Module):
 
     def __init__(self, c: BlockConfig):
         super().__init__()
+        if c.style not in BLOCK_STYLES:
+            raise BlockdraftError(f"unknown block drafter style '{c.style}': choose one of {', '.join(BLOCK_STYLES)}")
+        if c.style == "dflash" and (c.final_state_residual or c.zero_init):
+            raise BlockdraftError("the 'dflash' block drafter style takes no extra block inputs "
+                                  "(final_state_residual, zero_init)")
         self.config = c
         self.fc = nn.Linear(len(c.feature_layers) * c.hidden_size, c.hidden_size, bias=False)
         self.context_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_eps)
         self.layers = nn.ModuleList(BlockLayer(c) for _ in range(c.num_layers))
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_eps)
-        self.mask_embedding = nn.Parameter(torch.randn(c.gamma - 1, c.hidden_size) * 0.02)  # one per depth
+        if c.style == "blockdraft":  # (style "dflash" reads the target's embedding of mask_token_id instead)
+            self.mask_embedding = nn.Parameter(torch.randn(c.gamma - 1, c.hidden_size) * 0.02)  # one per depth
         # Per-dimension standardisation of the target features. Small Llamas have "massive activations"
         # (SmolLM2-135M: one dimension with std ~1100 where the median is ~5), which would otherwise
         # dominate the projection and starve the drafter of context until training suppressed them.
@@ -137,6 +159,12 @@ class BlockModel(nn.Module):
                     layer.down_proj.weight.zero_()
 
     def set_feature_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        if self.config.style == "dflash":
+            # Scale only, by the per-dimension RMS: vLLM's fc has no bias, so a subtracted mean could not be
+            # exported, while a scale folds into fc's columns exactly (export/vllm.py).
+            self.feature_mean.zero_()
+            self.feature_scale.copy_(1.0 / (mean.square() + std.square()).sqrt().clamp_min(1e-3))
+            return
         self.feature_mean.copy_(mean)
         self.feature_scale.copy_(1.0 / std.clamp_min(1e-3))
 
@@ -156,7 +184,8 @@ class BlockModel(nn.Module):
                 mine.input_norm.weight.copy_(theirs.input_layernorm.weight)
                 mine.post_norm.weight.copy_(theirs.post_attention_layernorm.weight)
             self.norm.weight.copy_(body.norm.weight)
-            self.mask_embedding.copy_(body.embed_tokens.weight.mean(0).expand_as(self.mask_embedding))
+            if self.config.style == "blockdraft":
+                self.mask_embedding.copy_(body.embed_tokens.weight.mean(0).expand_as(self.mask_embedding))
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [n, len(layers)*H] -> context states [n, H]."""
@@ -166,8 +195,12 @@ class BlockModel(nn.Module):
         """Per-layer keys/values of projected context states h [n, H] at positions pos."""
         return [layer.kv(h, pos) for layer in self.layers]
 
-    def block_inputs(self, root_emb: torch.Tensor, last_features: torch.Tensor) -> torch.Tensor:
+    def block_inputs(self, root_emb: torch.Tensor, last_features: torch.Tensor, mask_emb: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """Root embeddings [A, H] and raw target features of the token before the root [A, F] -> inputs [A, gamma, H].
+
+        Style "dflash" (DFlash's own inputs): [root embedding, mask_emb x (gamma-1)], mask_emb [H] being the
+        target's embedding of mask_token_id; depths differ by position only, context comes by attention.
 
         Position 0 is the root, positions 1.. are MASK (one learned embedding per depth). Every
         position also gets the root's embedding, the projected last context state and (with
@@ -177,6 +210,9 @@ class BlockModel(nn.Module):
         stayed near the unigram level, 5-9%, after 30k blocks). The final state is what the frozen
         LM head reads, so the drafter starts, like Medusa heads, from the target's own prediction.
         """
+        if self.config.style == "dflash":
+            masks = mask_emb.to(root_emb.dtype).expand(len(root_emb), self.config.gamma - 1, -1)
+            return torch.cat([root_emb[:, None], masks], 1)
         shared = root_emb + self.project(last_features)
         if self.config.zero_init:
             shared = shared * self.input_gate
@@ -262,7 +298,8 @@ class BlockDrafter(LatticeDrafter):
     def draft_lattice(self, root: int) -> DraftLattice:
         g = self.config.gamma
         last = self.last_features if self.last_features is not None else self.model.feature_mean
-        x = self.model.block_inputs(self.embed[root][None], last[None])[0].to(self.model.fc.weight.dtype)
+        x = self.model.block_inputs(self.embed[root][None], last[None], self.embed[self.config.mask_token_id])[0]
+        x = x.to(self.model.fc.weight.dtype)
         pos = torch.arange(self.n_ctx, self.n_ctx + g, device=x.device)
         h = self.model(x, pos, self.ctx_kv)
         self.last_hidden = h[1:]  # the block's states per depth, for TreeFlash's AR approximation

@@ -17,7 +17,11 @@ from ..errors import BlockdraftError
 from .base import DraftContext, LatticeDrafter
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .lattice import DraftLattice
-from .layers import FrozenLMHead, ResidualFFN
+from .layers import FrozenLMHead, MedusaBlock, ResidualFFN
+
+# Head bodies: "ffn" x + W2 SiLU(W1 x) (ours, an inner layer wider than the state), "medusa" x + SiLU(W x + b)
+# (Medusa's ResidualBlock, the shape vLLM's MedusaModel runs: `blockdraft export --to vllm` needs it)
+HEAD_STYLES = ("ffn", "medusa")
 
 
 @dataclass
@@ -25,8 +29,10 @@ class HeadsConfig:
     hidden_size: int
     feature_layer: int  # the target's hidden_states index of the final normed state (= num_layers)
     num_heads: int = 4
-    inner_size: int = 1152  # the FFN's one hidden layer
+    inner_size: int = 1152  # the FFN's one hidden layer (style "ffn")
     draft_vocab: int = 0  # 0 = the target's full vocabulary
+    style: str = "ffn"  # one of HEAD_STYLES
+    medusa_layers: int = 1  # residual layers per head (style "medusa"; Medusa's medusa_num_layers)
     training: dict = field(default_factory=dict)
 
 
@@ -37,8 +43,13 @@ class HeadsModel(nn.Module):
         super().__init__()
         if not 1 <= c.num_heads <= 16:
             raise BlockdraftError(f"BPD needs 1..16 heads, got {c.num_heads}")
+        if c.style not in HEAD_STYLES:
+            raise BlockdraftError(f"unknown BPD head style '{c.style}': choose one of {', '.join(HEAD_STYLES)}")
         self.config = c
-        self.heads = nn.ModuleList(ResidualFFN(c.hidden_size, c.inner_size) for _ in range(c.num_heads))
+        if c.style == "medusa":
+            self.heads = nn.ModuleList(MedusaBlock(c.hidden_size, c.medusa_layers) for _ in range(c.num_heads))
+        else:
+            self.heads = nn.ModuleList(ResidualFFN(c.hidden_size, c.inner_size) for _ in range(c.num_heads))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., H] -> [..., num_heads, H]."""
@@ -78,7 +89,7 @@ class HeadsDrafter(LatticeDrafter):
 
     @torch.inference_mode()
     def draft_lattice(self, h: torch.Tensor) -> DraftLattice:
-        w = self.model.heads[0].up.weight  # the heads' own dtype: the target's, once loaded for it
+        w = next(self.model.parameters())  # the heads' own dtype: the target's, once loaded for it
         states = self.model(h.to(w.dtype))[: self.num_heads]
         self.last_hidden = states
         return DraftLattice.from_logits(self.lm_head(states), self.top_k, self.lm_head.vocab)

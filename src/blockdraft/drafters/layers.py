@@ -21,6 +21,27 @@ class ResidualFFN(nn.Module):
         return x + self.down(nn.functional.silu(self.up(x)))
 
 
+class MedusaBlock(nn.Module):
+    """Medusa's head body, x <- x + SiLU(W x + b) per layer with W square (vLLM's ResidualBlock, medusa.py).
+
+    W and b start at zero, so an untrained head is the identity and predicts what the target's own
+    LM head reads from h_t, as in Medusa. Unlike ResidualFFN there is no projection after the SiLU.
+    """
+
+    def __init__(self, hidden: int, num_layers: int = 1, bias: bool = True):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden, hidden, bias=bias) for _ in range(num_layers))
+        for layer in self.layers:
+            nn.init.zeros_(layer.weight)
+            if bias:
+                nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + nn.functional.silu(layer(x))
+        return x
+
+
 class FrozenLMHead(nn.Module):
     """The target's LM head, restricted to a draft vocabulary (EAGLE-3 style).
 

@@ -9,6 +9,7 @@ import torch
 
 from ..drafters.block import BlockConfig, BlockDrafter, BlockModel
 from ..drafters.layers import FrozenLMHead
+from ..errors import BlockdraftError
 from .common import (DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary, for_training,
                      mixed_precision)
 from .features import FeatureStore
@@ -28,6 +29,17 @@ class BlockTrainConfig:
     init_from_target: bool = False
     zero_init: bool = False
     seed: int = 0
+    style: str = "blockdraft"  # drafters.block.BLOCK_STYLES; "dflash" is the one vLLM can load
+    mask_token_id: int | None = None  # style "dflash" (default: default_mask_token)
+
+
+def default_mask_token(target) -> int:
+    """DFlash's MASK input for a target without a mask token of its own: its unknown token when that is not
+    an end of turn (SmolLM2: 0, <|endoftext|>, which chat replies hardly ever contain), else the last id. The
+    choice can only cost acceptance (verification keeps the output exact): the root's input is its own
+    embedding either way."""
+    unk = target.tokenizer.unk_token_id
+    return unk if unk is not None and unk not in target.eos_token_ids else target.vocab_size - 1
 
 
 def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: int, anchors: np.ndarray,
@@ -65,7 +77,7 @@ def block_hidden(model: BlockModel, embed: torch.Tensor, feats, roots, pos, allo
     ctx_h = model.project(feats)
     anchors = pos[:, 0]
     last = torch.where((anchors > 0)[:, None], feats[(anchors - 1).clamp_min(0)], model.feature_mean[None])
-    x = model.block_inputs(embed[roots], last)
+    x = model.block_inputs(embed[roots], last, embed[model.config.mask_token_id])
     ctx = model.context(ctx_h, torch.arange(len(feats), device=feats.device))
     h = model(x.reshape(-1, x.shape[-1]), pos.reshape(-1), ctx, allowed)
     return h.view(len(roots), g, -1)[:, 1:]
@@ -83,9 +95,16 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     layers = tuple(store.layers)  # spaced layers for the context, then the final normed state
+    dflash = cfg.style == "dflash"
+    if dflash:  # vLLM hands a drafter residual-stream states only, never the final normed one
+        layers = tuple(lay for lay in layers if lay < target.num_layers)
+        if not layers:
+            raise BlockdraftError(f"the feature store {store.path} has no layer below the final one ({store.layers})")
+    mask_id = default_mask_token(target) if cfg.mask_token_id is None else cfg.mask_token_id
     model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma,
-                                       final_state_residual=layers[-1] == target.num_layers,
-                                       zero_init=cfg.zero_init and layers[-1] == target.num_layers)
+                                       final_state_residual=not dflash and layers[-1] == target.num_layers,
+                                       zero_init=cfg.zero_init and not dflash and layers[-1] == target.num_layers,
+                                       style=cfg.style, mask_token_id=mask_id)
     model = BlockModel(model_cfg)
     if cfg.init_from_target:
         model.init_from_target(target.model)

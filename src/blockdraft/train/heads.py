@@ -26,6 +26,8 @@ class HeadsTrainConfig:
     stop_at_step: int = 0
     seed: int = 0
     init: str | None = None  # start from this heads checkpoint (its heads and draft vocabulary): fine-tuning
+    style: str = "ffn"  # head body (drafters.heads.HEAD_STYLES); "medusa" is the one vLLM can load
+    medusa_layers: int = 1
 
 
 class HeadPositions:
@@ -65,7 +67,8 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
         model = drafter.model
         model.config.training = {"init": str(cfg.init), "init_training": model.config.training}
     else:  # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
-        model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size)).to(target.device)
+        model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size, style=cfg.style,
+                                       medusa_layers=cfg.medusa_layers)).to(target.device)
         vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
         drafter = HeadsDrafter(model, FrozenLMHead(frozen_float32(target.model.get_output_embeddings().weight), vocab),
                                embed=frozen_float32(target.model.get_input_embeddings().weight))

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from ..data.sharegpt import data_path, load_conversations, split_conversations
+from ..drafters.block import BLOCK_STYLES
+from ..drafters.heads import HEAD_STYLES
 from ..errors import BlockdraftError
 from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
@@ -65,6 +67,9 @@ def training_config(drafter: str, out, resume: bool = False, **options):
     bad = [k for k, v in options.items() if v is not None and k not in known]
     if bad:
         raise BlockdraftError(f"option(s) {', '.join(bad)} do not apply to the '{drafter}' drafter")
+    styles = {"heads": HEAD_STYLES, "block": BLOCK_STYLES}.get(drafter, ())
+    if options.get("style") is not None and options["style"] not in styles:
+        raise BlockdraftError(f"--style {options['style']}: the '{drafter}' drafter's styles are {', '.join(styles)}")
     return config_cls(**{k: v for k, v in options.items() if v is not None}), train
 
 
