@@ -129,3 +129,16 @@ def test_acceptance_by_depth_is_conditional_on_reaching_the_depth():
     rates = acceptance_by_depth({0: 4, 1: 3, 2: 2, 3: 1})
     assert rates == pytest.approx([6 / 10, 3 / 6, 1 / 3])
     assert acceptance_by_depth({0: 5}) == []
+
+
+def test_drafting_time_per_step_divides_by_target_calls():
+    from blockdraft.bench.metrics import summarize
+    from blockdraft.bench.run import TurnRecord
+
+    # (question, calls, seconds, draft seconds): 0.03 s of drafting over 10 + 5 calls = 2 ms per step
+    records = [TurnRecord(q, "writing", "g", 0, m, 10, calls, 1.0, draft, 0.5, {}, list(range(10)))
+               for q, m, calls, draft in ((1, "ar", 10, 0.0), (1, "fast", 10, 0.01), (2, "ar", 10, 0.0),
+                                          (2, "fast", 5, 0.02))]
+    out = summarize(records, {"methods": ["ar", "fast"]}, {})["methods"]
+    assert out["fast"]["draft_ms_per_step"] == pytest.approx(2.0)
+    assert out["fast"]["draft_share"] == pytest.approx(0.015)

@@ -101,6 +101,9 @@ def summarize(records: list, config: dict, design_lossless: dict[str, bool], com
             "time_s": total_time,
             "draft_share": sum(r.draft_s for r in drafted) / total_time if drafted and total_time else None,
             "verify_share": sum(r.verify_s for r in drafted) / total_time if drafted and total_time else None,
+            # drafting time per target call (the proposer's own cost per step, e.g. a retrieval query)
+            "draft_ms_per_step": (1000 * sum(r.draft_s for r in drafted) / max(1, sum(r.target_calls for r in drafted))
+                                  if drafted else None),
             "accepted_hist": {int(k): v for k, v in sorted(hist.items())},
             "acceptance_by_depth": acceptance_by_depth(hist),
             **groups,
