@@ -24,10 +24,11 @@ def run_error(args, capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("command", ["generate", "bench", "analyze", "train"])
+@pytest.mark.parametrize("command", ["generate", "bench", "analyze", "train", "selfdistill"])
 @pytest.mark.parametrize("threads", ["0", "-3"])
 def test_threads_must_be_positive(command, threads, capsys):
-    extra = {"generate": ["hi"], "train": ["--drafter", "heads", "--out", "x"]}.get(command, [])
+    extra = {"generate": ["hi"], "train": ["--drafter", "heads", "--out", "x"], "selfdistill": ["x.jsonl"]}.get(
+        command, [])
     err = run_error([command, *extra, "--threads", threads], capsys)
     assert "--threads" in err and "positive integer" in err and threads in err
 
@@ -38,9 +39,9 @@ def test_per_category_must_be_positive(command, capsys):
     assert "--per-category" in err and "positive integer, got 0" in err
 
 
-@pytest.mark.parametrize("command", ["generate", "bench", "analyze"])
+@pytest.mark.parametrize("command", ["generate", "bench", "analyze", "selfdistill"])
 def test_max_new_tokens_must_be_an_integer(command, capsys):
-    extra = ["hi"] if command == "generate" else []
+    extra = {"generate": ["hi"], "selfdistill": ["x.jsonl"]}.get(command, [])
     err = run_error([command, *extra, "--max-new-tokens", "abc"], capsys)
     assert "--max-new-tokens" in err and "'abc'" in err
 

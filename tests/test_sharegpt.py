@@ -24,3 +24,12 @@ def test_split_is_deterministic_and_disjoint():
     assert valid == valid2 and len(train) + len(valid) == 2000
     assert 50 <= len(valid) <= 150
     assert not {r["id"] for r in train} & {r["id"] for r in valid}
+
+
+def test_jsonl_skips_a_torn_line_but_not_what_follows(tmp_path):
+    lines = [json.dumps({"id": str(i), "conversations": [{"from": "human", "value": "q"}]}) for i in range(3)]
+    path = tmp_path / "self.jsonl"
+    path.write_text(lines[0] + "\n" + lines[1][:20] + "\n" + lines[2] + "\n")  # line 2 torn by a killed run
+    assert [r["id"] for r in load_conversations(str(path))] == ["0", "2"]
+    path.write_text(path.read_text() + lines[1] + "\n")  # the file grew: read again, not from the cache
+    assert [r["id"] for r in load_conversations(str(path))] == ["0", "2", "1"]

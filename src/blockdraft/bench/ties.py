@@ -165,7 +165,7 @@ def heldout_sequences(target, tokens: int | None = None, max_len: int = 256) -> 
         return None
     seqs, n = [], 0
     for record in valid:
-        conv = conversation_ids(target.tokenizer, record, max_len)
+        conv = conversation_ids(target.tokenizer, record, max_len, target.eos_token_ids)
         if conv is None or len(conv[0]) < 32:
             continue
         ids = conv[0][: max(tokens - n + 1, 32)]

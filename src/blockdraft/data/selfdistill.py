@@ -1,119 +1,151 @@
-"""Self-distillation data: the target's own greedy replies to ShareGPT prompts, as a ShareGPT-format file.
+"""`blockdraft selfdistill`: the target's own replies to ShareGPT prompts, appended to a JSONL file.
 
 A drafter is judged on the target's *own* output, but ShareGPT replies were written by another
 model; Medusa and EAGLE both found that training on the target's regenerated replies raises
-acceptance. We keep each record's id, so `split_conversations` holds out the same validation
-conversations as for the original file, and `blockdraft train --data FILE` reads the result.
+acceptance. Replies come from our own engine (`Target` + `SpeculativeDecoder`, method `ar` or
+`lookup` or any trained drafter), in the target's dtype, greedy or sampled: lossless, so they are
+the target's replies, only faster. Each record keeps its ShareGPT id, so `split_conversations`
+holds out the same validation conversations as for the original file (a share of held-out
+prompts is answered too, for validation), and `blockdraft train --data OUT.jsonl` reads it.
 
-Prompts are generated in batches (left-padded, similar lengths together): on a CPU a batch of
-16 costs little more per step than a single sequence, so this is ~10x faster than one by one.
+The output is appended one record a line and flushed: a run stopped by `--max-minutes`, Ctrl-C or
+a kill continues where it stopped when started again (records already in the file are skipped,
+and their reply tokens count towards `--max-tokens`). Sampled replies use a seed derived from
+(seed, id), so a resumed file holds what an uninterrupted run would have written.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from ..errors import BlockdraftError
+from .chat import has_chat_template
 from .sharegpt import data_path, load_conversations, split_conversations
 
 
-def first_prompts(records, tokenizer, max_prompt_tokens: int) -> list[tuple[str, str, list[int]]]:
-    """(id, prompt text, chat-template ids) of each record's first human turn that fits."""
-    out = []
+def human_turns(records, turns: int):
+    """(id, the first `turns` human turns) of each record that starts with a human turn."""
     for r in records:
-        turns = r["conversations"]
-        if not turns or turns[0].get("from") != "human":
-            continue
-        text = str(turns[0].get("value", "")).strip()
-        if not text:
-            continue
-        msgs = [{"role": "user", "content": text}]
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        if len(ids) <= max_prompt_tokens:
-            out.append((str(r.get("id", len(out))), text, ids))
-    return out
+        texts = [str(t.get("value", "")).strip() for t in r["conversations"] if t.get("from") == "human"]
+        if r["conversations"] and r["conversations"][0].get("from") == "human" and texts[0]:
+            yield str(r.get("id")), [t for t in texts[:turns] if t]
 
 
-@torch.inference_mode()
-def regenerate(target, out: str | Path, max_tokens: int = 200_000, max_new_tokens: int = 256,
-               batch_size: int = 16, max_prompt_tokens: int = 256, data: str = "sharegpt",
-               valid_share: float = 0.05) -> Path:
-    """Write the target's greedy replies to the training split's prompts until ~max_tokens reply tokens."""
-    if target.tokenizer is None or not getattr(target.tokenizer, "chat_template", None):
+def done_so_far(path: Path) -> tuple[set[str], int]:
+    """(ids already answered in `path`, their reply tokens); a torn last line (a killed run) is ignored."""
+    ids, tokens = set(), 0
+    if not path.is_file():
+        return ids, tokens
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        ids.add(str(record.get("id")))
+        tokens += int(record.get("reply_tokens", 0))
+    return ids, tokens
+
+
+def record_seed(seed: int, rid: str, turn: int = 0) -> int:
+    key = f"{seed}:{rid}" if turn == 0 else f"{seed}:{rid}:{turn}"
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
+
+
+def reply_to(decoder, target, texts, rid, max_new_tokens, max_prompt_tokens, seed):
+    """The conversation with the target's own reply to each human turn (given its own earlier replies), up to
+    the first turn whose prompt is longer than max_prompt_tokens; (turns, reply tokens, target calls)."""
+    messages, turns, tokens, calls = [], [], 0, 0
+    for k, text in enumerate(texts):
+        messages.append({"role": "user", "content": text})
+        ids = target.encode_chat(messages)
+        if len(ids) > max_prompt_tokens:
+            break
+        result = decoder.generate(ids, max_new_tokens, seed=record_seed(seed, rid, k))
+        if not result.text.strip():
+            break  # an immediate end of turn: nothing to learn from, nor to continue
+        messages.append({"role": "assistant", "content": result.text})
+        turns += [{"from": "human", "value": text}, {"from": "gpt", "value": result.text}]
+        tokens, calls = tokens + len(result.tokens), calls + result.stats.target_calls
+    return turns, tokens, calls
+
+
+def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int = 200_000,
+                max_new_tokens: int = 256, max_prompt_tokens: int = 256, data: str = "sharegpt",
+                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                max_minutes: float = 0.0, turns: int = 1, valid_share: float = 0.05) -> dict:
+    """Append the target's replies to the training split's prompts (the first `turns` human turns of each
+    conversation) to `out` (JSONL) until ~max_tokens reply tokens are in the file. Returns a summary (records
+    and tokens written now and in total, tau, why it stopped)."""
+    from ..decoding import SpeculativeDecoder
+    from ..methods import make_drafter
+    from ..verify import SamplingParams
+
+    if not has_chat_template(target.tokenizer):
         raise BlockdraftError("self-distillation needs a target with a tokenizer and a chat template")
-    if max_tokens < 1 or max_new_tokens < 1 or batch_size < 1:
-        raise BlockdraftError("max_tokens, max_new_tokens and batch_size must be positive")
+    if min(max_tokens, max_new_tokens, max_prompt_tokens, turns) < 1:
+        raise BlockdraftError("--max-tokens, --max-new-tokens, --max-prompt-tokens and --turns must be positive")
+    params = SamplingParams(temperature, top_k, top_p)
+    decoder = SpeculativeDecoder(target, make_drafter(method, target), params)
     path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
-    tok = target.tokenizer
-    # a share of held-out prompts too, so that training can validate on the target's own replies
+    # a share of held-out prompts first, so that training can validate on the target's own replies
     n_valid = max(1, int(max_tokens * valid_share / max_new_tokens * 2))
-    prompts = first_prompts(valid, tok, max_prompt_tokens)[:n_valid] + first_prompts(train, tok, max_prompt_tokens)
-    eos = sorted(target.eos_token_ids)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    records, n_reply = [], 0
-    bar = tqdm(total=max_tokens, desc="self-distillation replies", unit="tok")
-    for b in range(0, len(prompts), batch_size):
-        if n_reply >= max_tokens:
-            break
-        # sort a window of prompts by length so a batch wastes little on padding
-        batch = sorted(prompts[b : b + batch_size], key=lambda p: len(p[2]))
-        width = max(len(p[2]) for p in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, (_, _, p) in enumerate(batch):
-            ids[i, width - len(p):] = torch.tensor(p)
-            att[i, width - len(p):] = 1
-        ids, att = ids.to(target.device), att.to(target.device)
-        gen = target.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens,
-                                    do_sample=False, eos_token_id=eos, pad_token_id=pad)
-        for (rid, text, _), row in zip(batch, gen[:, width:].tolist()):
-            cut = next((i for i, t in enumerate(row) if t in eos), len(row))
-            reply = row[:cut]  # generate pads finished rows after their EOS
-            if not reply:
-                continue
-            n_reply += len(reply)
-            bar.update(len(reply))
-            records.append({"id": rid, "conversations": [
-                {"from": "human", "value": text}, {"from": "gpt", "value": target.decode(reply)}]})
-    bar.close()
     out = Path(out)
+    done, total = done_so_far(out)
+    prompts = itertools.chain(itertools.islice(human_turns(valid, turns), n_valid), human_turns(train, turns))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, ensure_ascii=False))
-    return out
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    from ..api import load_target
-
-    p = argparse.ArgumentParser(prog="python -m blockdraft.data.selfdistill",
-                                description="write the target's greedy replies to ShareGPT prompts (ShareGPT format)")
-    p.add_argument("out", help="output JSON file")
-    p.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    p.add_argument("--data", default="sharegpt", help="'sharegpt' or a ShareGPT-format JSON file of prompts")
-    p.add_argument("--max-tokens", type=int, default=200_000, help="reply tokens to generate (default 200k)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply (default 256)")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts generated together (default 16)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--dtype", default="auto", help="auto (default), float32, bfloat16 or float16")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    t0, written, new_tokens, calls, stop = time.time(), 0, 0, 0, "prompts exhausted"
+    settings = {"target": target.name, "method": method, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                "dtype": str(target.dtype).removeprefix("torch."), "turns": turns}
+    bar = tqdm(total=max_tokens, initial=min(total, max_tokens), unit="tok", desc="self-distilled replies",
+               smoothing=0.05, dynamic_ncols=True)
     try:
-        path = regenerate(load_target(args.target, args.dtype, args.device), args.out, args.max_tokens,
-                          args.max_new_tokens, args.batch_size, data=args.data)
-    except BlockdraftError as e:
-        raise SystemExit(f"blockdraft: error: {e}") from None
-    print(f"wrote {path}")
+        with out.open("a", encoding="utf-8") as f:
+            if out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+                f.write("\n")  # after a torn last line (a killed run), start a fresh one
+            for rid, texts in prompts:
+                if rid in done:
+                    continue
+                if total >= max_tokens:
+                    stop = "max tokens"
+                    break
+                if max_minutes and time.time() - t0 >= max_minutes * 60:
+                    stop = "time limit"
+                    break
+                conversation, n, c = reply_to(decoder, target, texts, rid, max_new_tokens, max_prompt_tokens, seed)
+                if not conversation:
+                    continue  # its first prompt is too long, or the target ends its turn at once
+                record = {"id": rid, "conversations": conversation, "reply_tokens": n, "selfdistill": settings}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()  # one complete line per conversation: a killed run loses at most the one in progress
+                written, total, new_tokens, calls = written + 1, total + n, new_tokens + n, calls + c
+                bar.update(min(n, max(0, max_tokens - bar.n)))
+                bar.set_postfix(tau=f"{new_tokens / max(calls, 1):.2f}",
+                                tok_s=f"{new_tokens / max(time.time() - t0, 1e-9):.1f}")
+    except KeyboardInterrupt:
+        stop = "interrupted"
+    bar.close()
+    if total >= max_tokens:
+        stop = "max tokens"
+    return {"file": str(out), "written": written, "new_tokens": new_tokens, "total_tokens": total,
+            "records": len(done) + written, "tau": new_tokens / max(calls, 1), "stop": stop,
+            "minutes": (time.time() - t0) / 60}
+
+
+def main(argv=None) -> int:
+    """`python -m blockdraft.data.selfdistill ...` is `blockdraft selfdistill ...`."""
+    import sys
+
+    from ..cli import main as cli_main
+
+    return cli_main(["selfdistill", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -34,14 +34,23 @@ def data_path(data: str) -> str:
     return path
 
 
-@lru_cache(maxsize=2)
 def load_conversations(path: str | None = None) -> tuple[dict, ...]:
-    """Every complete record of the JSON array; an incomplete last record is dropped."""
-    text = Path(path or sharegpt_path()).read_text(encoding="utf-8")
-    start = text.find("[")
-    if start < 0:
-        raise BlockdraftError(f"'{path}' is not a JSON array of conversations")
-    decoder, i, records = json.JSONDecoder(), start + 1, []
+    """Every complete record of a JSON array, or of a JSONL file (one record a line, as `blockdraft selfdistill`
+    appends them); an incomplete last record is dropped."""
+    path = str(path or sharegpt_path())
+    stat = Path(path).stat()  # part of the cache key: a JSONL file that grew is read again
+    return _load_conversations(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _load_conversations(path: str, mtime_ns: int, size: int) -> tuple[dict, ...]:
+    text = Path(path).read_text(encoding="utf-8")
+    body = text.lstrip()
+    if body.startswith("{"):  # JSONL: a torn line (a run killed while appending) is skipped, not the rest
+        return tuple(r for r in map(_record, text.splitlines()) if r is not None)
+    if not body.startswith("["):
+        raise BlockdraftError(f"'{path}' is neither a JSON array of conversations nor JSONL records")
+    decoder, i, records = json.JSONDecoder(), len(text) - len(body) + 1, []
     while True:
         while i < len(text) and text[i] in " \t\r\n,":
             i += 1
@@ -54,6 +63,14 @@ def load_conversations(path: str | None = None) -> tuple[dict, ...]:
         if isinstance(obj, dict) and obj.get("conversations"):
             records.append(obj)
     return tuple(records)
+
+
+def _record(line: str) -> dict | None:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and obj.get("conversations") else None
 
 
 def split_conversations(records, valid_share: float = 0.02) -> tuple[list[dict], list[dict]]:

@@ -13,7 +13,9 @@ continuation count N1+(. c w) below it, and P_0 is uniform over the vocabulary. 
 is whatever mass the kept n-grams leave, so every P_n(. | c) sums to one over the vocabulary,
 also after pruning rare n-grams (pruning only moves mass to the lower order).
 
-Storage per order n (context = the n-1 previous tokens, packed 16 bits each into a uint64):
+Storage per order n (context = the n-1 previous tokens, packed `bits` each into a uint64: 16 bits up to
+a 65,536-token vocabulary, as the shipped LMs were saved; ceil(log2 V) above, e.g. 18 for Llama-3's 128k
+or Qwen's 151k, which leaves room for 3 context tokens, i.e. order 4):
     ctx_keys [C] uint64 sorted, ctx_total [C] float32, ctx_backoff [C] float32
     pair_keys [M] int64 sorted (= context index * V + w), pair_count [M] float32
 saved as one .npz (allow_pickle=False) next to a config.json that records the target.
@@ -30,15 +32,24 @@ import numpy as np
 from ..drafters.checkpoint import check_target
 from ..errors import BlockdraftError
 
-MAX_ORDER = 5  # a context of 4 tokens fills the 64 bits of a packed key
-BITS = 16
+MAX_ORDER = 5  # with 16-bit tokens, a context of 4 tokens fills the 64 bits of a packed key
 
 
-def pack(ctx: np.ndarray) -> np.ndarray:
-    """[Q, m] token ids (m <= 4, each < 2**16) -> [Q] uint64 keys; m == 0 gives key 0."""
+def key_bits(vocab_size: int) -> int:
+    """Bits per token in a packed context key: 16 up to 65,536 tokens (the format of the shipped LMs)."""
+    return max(16, int(vocab_size - 1).bit_length())
+
+
+def max_order(vocab_size: int) -> int:
+    """The highest order whose contexts (order - 1 tokens) fit a 64-bit key: 5 up to 65,536 tokens, 4 up to 2M."""
+    return min(MAX_ORDER, 1 + 64 // key_bits(vocab_size))
+
+
+def pack(ctx: np.ndarray, bits: int = 16) -> np.ndarray:
+    """[Q, m] token ids (m * bits <= 64, each < 2**bits) -> [Q] uint64 keys; m == 0 gives key 0."""
     key = np.zeros(len(ctx), dtype=np.uint64)
     for j in range(ctx.shape[1]):
-        key = (key << np.uint64(BITS)) | ctx[:, j].astype(np.uint64)
+        key = (key << np.uint64(bits)) | ctx[:, j].astype(np.uint64)
     return key
 
 
@@ -59,6 +70,7 @@ class NGramLM:
         self.orders = orders  # orders[n-1] holds the n-grams
         self.order = len(orders)
         self.vocab_size = vocab_size
+        self.bits = key_bits(vocab_size)
         self.meta = meta or {}
 
     # --- training ---------------------------------------------------------------------
@@ -68,10 +80,11 @@ class NGramLM:
 
         `min_count` > 1 prunes n-grams of order >= 3 seen fewer times (their mass backs off).
         """
-        if not 2 <= order <= MAX_ORDER:
-            raise BlockdraftError(f"n-gram order must be 2..{MAX_ORDER}, got {order}")
-        if vocab_size > 2**BITS:
-            raise BlockdraftError(f"the n-gram LM packs token ids in {BITS} bits; vocabulary {vocab_size} is too big")
+        top = max_order(vocab_size)
+        if not 2 <= order <= top:
+            raise BlockdraftError(f"n-gram order must be 2..{top} for a vocabulary of {vocab_size:,} tokens "
+                                  f"(contexts are packed {key_bits(vocab_size)} bits a token into 64), got {order}")
+        bits = key_bits(vocab_size)
         seqs = [np.asarray(s, dtype=np.int64) for s in sequences if len(s) > 0]
         if not seqs:
             raise BlockdraftError("the n-gram LM needs at least one non-empty training sequence")
@@ -98,13 +111,13 @@ class NGramLM:
                 longer = grams[n + 1][0][:, 1:]
                 suffix, cont = np.unique(longer, axis=0, return_counts=True)
                 # an n-gram seen only at a sequence start has no left context: count it once
-                counts = np.maximum(_lookup_rows(uniq, suffix, cont), 1)
+                counts = np.maximum(_lookup_rows(uniq, suffix, cont, bits), 1)
             counts = counts.astype(np.float64)
             n1, n2 = (counts == 1).sum(), (counts == 2).sum()
             discount = float(n1 / (n1 + 2 * n2)) if n1 + n2 > 0 else 0.5
             discount = min(max(discount, 0.1), 0.9)
             ctx = uniq[:, : n - 1]
-            ctx_key = pack(ctx)
+            ctx_key = pack(ctx, bits)
             # totals over all n-grams, before pruning
             ctx_keys, inverse = np.unique(ctx_key, return_inverse=True)
             total = np.bincount(inverse, weights=counts)
@@ -134,7 +147,7 @@ class NGramLM:
                 break
             ctx = contexts[:, contexts.shape[1] - m :]
             ok = (ctx >= 0).all(axis=1)
-            key = pack(np.where(ctx >= 0, ctx, 0))
+            key = pack(np.where(ctx >= 0, ctx, 0), self.bits)
             ci = np.searchsorted(o.ctx_keys, key)
             ci = np.minimum(ci, max(len(o.ctx_keys) - 1, 0))
             ok &= len(o.ctx_keys) > 0
@@ -168,7 +181,7 @@ class NGramLM:
             for name in ("ctx_keys", "ctx_total", "ctx_backoff", "pair_keys", "pair_count"):
                 arrays[f"{name}_{n}"] = getattr(o, name)
         np.savez_compressed(folder / "ngram.npz", **arrays)
-        config = {"kind": "ngram", "order": self.order, "vocab_size": self.vocab_size,
+        config = {"kind": "ngram", "order": self.order, "vocab_size": self.vocab_size, "key_bits": self.bits,
                   "discounts": [o.discount for o in self.orders], **self.meta}
         (folder / "config.json").write_text(json.dumps(config, indent=2))
 
@@ -190,20 +203,24 @@ class NGramLM:
             raise BlockdraftError(f"the n-gram LM in '{folder}' is corrupt or incomplete ({e})") from None
         if config.get("kind") != "ngram":
             raise BlockdraftError(f"'{folder}' is a '{config.get('kind')}' checkpoint, not an n-gram LM")
+        # LMs saved before key_bits was recorded all packed 16 bits (they refused larger vocabularies)
+        if config.get("key_bits", 16) != key_bits(config["vocab_size"]):
+            raise BlockdraftError(f"the n-gram LM in '{folder}' packs {config.get('key_bits', 16)}-bit token ids, "
+                                  f"which cannot hold its vocabulary of {config['vocab_size']:,}")
         if target is not None:
             check_target(config.get("target") or {}, target, folder, what="n-gram LM")
             vocab_size = target.vocab_size
         if vocab_size is not None and config["vocab_size"] != vocab_size:
             raise BlockdraftError(f"the n-gram LM in '{folder}' was built for a vocabulary of {config['vocab_size']} "
                                   f"tokens, but the target has {vocab_size}")
-        meta = {k: v for k, v in config.items() if k not in ("kind", "order", "vocab_size", "discounts")}
+        meta = {k: v for k, v in config.items() if k not in ("kind", "order", "vocab_size", "key_bits", "discounts")}
         return cls(orders, config["vocab_size"], meta)
 
 
-def _lookup_rows(rows: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """values of the `keys` rows equal to each of `rows`, 0 where absent ([*, n] int, n <= 4, keys sorted)."""
+def _lookup_rows(rows: np.ndarray, keys: np.ndarray, values: np.ndarray, bits: int) -> np.ndarray:
+    """values of the `keys` rows equal to each of `rows`, 0 where absent ([*, n] int, n * bits <= 64, keys sorted)."""
     if len(keys) == 0:
         return np.zeros(len(rows), np.int64)
-    rk, kk = pack(rows), pack(keys)  # packing keeps the lexicographic order of np.unique's rows
+    rk, kk = pack(rows, bits), pack(keys, bits)  # packing keeps the lexicographic order of np.unique's rows
     i = np.minimum(np.searchsorted(kk, rk), len(kk) - 1)
     return np.where(kk[i] == rk, values[i], 0)

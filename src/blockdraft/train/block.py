@@ -25,6 +25,7 @@ class BlockTrainConfig:
     anchors_per_seq: int = 64
     seqs_per_step: int = 1
     max_minutes: float = 0.0
+    stop_at_step: int = 0
     init_from_target: bool = False
     zero_init: bool = False
     seed: int = 0
@@ -120,15 +121,12 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     steps = int(cfg.epochs * len(seqs) / cfg.seqs_per_step)
     evaluate = (lambda: evaluate_block(drafter, valid, cols, max_seqs=40)) if valid is not None else None
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="block drafter",
-                      evaluate=evaluate)
-    anchors_seen = 0
+                      evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
-    going = trainer.step_no < steps
-    while going:
-        order = rng.permutation(len(seqs))
-        for i in range(0, len(order) - cfg.seqs_per_step + 1, cfg.seqs_per_step):
-            total = 0.0
-            for j in order[i : i + cfg.seqs_per_step]:
+    if not trainer.should_stop():
+        for group in trainer.batches(np.arange(len(seqs)), cfg.seqs_per_step, rng):
+            total, n_anchors = None, 0
+            for j in group:
                 a, b = seqs[j]
                 anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
                 if len(anchors) == 0:
@@ -138,12 +136,13 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
                 with mixed_precision(target):
                     logits = block_forward(model, drafter.embed, drafter.lm_head, feats, roots, pos, allowed)
                     teacher = Teacher.gather(store, rows, t2d)
-                    total = total + distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
-                anchors_seen += len(anchors)
-            if not torch.is_tensor(total):  # no sequence of this step has a reply position: nothing to learn
+                    loss = distill_loss(logits, teacher, ok.float() * weights) / cfg.seqs_per_step
+                total = loss if total is None else total + loss
+                n_anchors += len(anchors)
+            if total is None:  # no reply position in these sequences
                 continue
-            going = trainer.step(total, anchors_seen=anchors_seen)
-            if not going:
+            seen = trainer.counters["anchors_seen"] = trainer.counters.get("anchors_seen", 0) + n_anchors
+            if not trainer.step(total, anchors_seen=seen):
                 break
     trainer.close()
     model.eval()

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from jinja2 import TemplateError
 from tqdm import tqdm
 
+from ..data.chat import chat_token_ids, check_chat_template, has_chat_template, sharegpt_messages
 from ..errors import BlockdraftError
-
-ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
 def default_feature_layers(num_layers: int, n: int = 5) -> tuple[int, ...]:
@@ -45,35 +45,20 @@ def default_feature_layers(num_layers: int, n: int = 5) -> tuple[int, ...]:
     return tuple(sorted(set(spaced))) + (num_layers,)
 
 
-def conversation_ids(tokenizer, record: dict, max_len: int) -> tuple[list[int], list[int]] | None:
-    """Chat-template token ids of one ShareGPT record, and the assistant mask (next token is a reply)."""
-    roles = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant"}
-    messages = []
-    for turn in record["conversations"]:
-        role = roles.get(turn.get("from"))
-        text = str(turn.get("value", "")).strip()
-        if role is None or not text:
-            continue
-        if messages and messages[-1]["role"] == role:
-            break  # malformed alternation: keep the clean prefix
-        messages.append({"role": role, "content": text})
-    if len(messages) < 2 or messages[0]["role"] != "user":
+def conversation_ids(tokenizer, record: dict, max_len: int, eos_ids=()) -> tuple[list[int], list[int]] | None:
+    """Chat-template token ids of one ShareGPT record, and the assistant mask (1 where the *next* token is a
+    reply token). Replies are found from the target's own template (data/chat.py), whatever its format."""
+    messages = sharegpt_messages(record)
+    if messages is None:
         return None
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         return _plain_conversation_ids(tokenizer, messages, max_len)
-    out = tokenizer.apply_chat_template(messages, tokenize=True)
-    ids = list(out["input_ids"] if hasattr(out, "keys") else out)[:max_len]
-    header = tokenizer.encode(ASSISTANT_HEADER, add_special_tokens=False)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    mask, inside, i = [0] * len(ids), False, 0
-    while i < len(ids):
-        if not inside and ids[i : i + len(header)] == header:
-            inside, i = True, i + len(header)
-            continue
-        if inside:
-            mask[i - 1] = 1  # position i-1 predicts token i, a reply token
-            inside = ids[i] != end
-        i += 1
+    try:
+        ids, reply = chat_token_ids(tokenizer, messages, eos_ids)
+    except TemplateError:  # a template that refuses this conversation (e.g. a role order it forbids)
+        return None
+    ids = ids[:max_len]
+    mask = reply[1 : len(ids)] + [0]  # position i is trained when token i+1 is a reply token
     return (ids, mask) if any(mask) else None
 
 
@@ -145,6 +130,10 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, t
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
     if meta is not None and (meta["target"], tuple(meta["layers"])) != (target.name, layers):
         raise BlockdraftError(f"{out} holds features of another target or layers; choose another --store folder")
+    if meta is not None and meta.get("complete") and meta["capacity"] >= max_tokens:
+        print(f"reusing the feature store {out} ({meta['n_tokens']:,} tokens)")
+        return FeatureStore.open(out)  # built to the end before: no target pass, no tokenizing
+    check_chat_template(target.tokenizer, f"target '{target.name}'")
     capacity = max(max_tokens, meta["capacity"] if meta else 0)
     if meta is not None and meta["capacity"] < max_tokens:
         raise BlockdraftError(f"{out} was created for {meta['capacity']} tokens; use a new folder for more")
@@ -170,7 +159,7 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, t
     bar = tqdm(total=max_tokens, initial=n, unit="tok", desc="target features", smoothing=0.05)
     t_save = time.time()
     for k in range(meta["next_record"], len(order)):
-        conv = conversation_ids(target.tokenizer, records[order[k]], max_len)
+        conv = conversation_ids(target.tokenizer, records[order[k]], max_len, target.eos_token_ids)
         if conv is None:
             continue
         ids, mask = conv
@@ -180,12 +169,13 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, t
         ids, mask = ids[:m], mask[:m]
         # in the target's dtype, on its device; stored as float16 numpy arrays
         x = torch.tensor([ids], device=target.device)
-        hs = target.model.model(input_ids=x, output_hidden_states=True, use_cache=False).hidden_states
+        hs = target.model.base_model(input_ids=x, output_hidden_states=True, use_cache=False).hidden_states
         feats[n : n + m] = torch.cat([hs[i][0] for i in layers], dim=-1).to(torch.float16).cpu().numpy()
         # The teacher is only needed where drafts are trained (reply positions): the LM head over the
         # full vocabulary is a third of the forward's cost, so skip it elsewhere.
         rows = torch.tensor(mask, dtype=torch.bool)
-        logp = torch.log_softmax(target.model.lm_head(hs[-1][0][rows.to(target.device)]).float(), dim=-1)
+        head = target.model.get_output_embeddings()
+        logp = torch.log_softmax(head(hs[-1][0][rows.to(target.device)]).float(), dim=-1)
         top = logp.topk(top_k, dim=-1)
         ids_k = torch.zeros(m, top_k, dtype=torch.int32)
         logp_k = torch.full((m, top_k), -1e4, dtype=torch.float16)
@@ -205,6 +195,7 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, t
         if n >= max_tokens:
             break
     bar.close()
+    meta["complete"] = True  # the loop ran to its end (not killed): a later run reuses the store as it is
     _flush(meta_path, meta, (tokens, assistant, feats, topk_ids, topk_logp, starts))
     return FeatureStore.open(out)
 

@@ -23,6 +23,7 @@ class HeadsTrainConfig:
     lr: float = 1e-3
     batch: int = 256
     max_minutes: float = 0.0
+    stop_at_step: int = 0
     seed: int = 0
     init: str | None = None  # start from this heads checkpoint (its heads and draft vocabulary): fine-tuning
     style: str = "ffn"  # head body (drafters.heads.HEAD_STYLES); "medusa" is the one vLLM can load
@@ -78,19 +79,17 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     weights = depth_weights(cfg.num_heads, cfg.num_heads)
     steps = int(cfg.epochs * len(positions.candidates) / cfg.batch)
     evaluate = (lambda: evaluate_heads(drafter, valid, limit=4096)) if valid is not None else None
-    trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="BPD heads", evaluate=evaluate)
+    trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="BPD heads", evaluate=evaluate,
+                      stop_at_step=cfg.stop_at_step)
     model.train()
-    going = trainer.step_no < steps
-    while going:
-        order = rng.permutation(positions.candidates)
-        for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
-            p = np.sort(order[i : i + cfg.batch])
+    if not trainer.should_stop():
+        for p in trainer.batches(positions.candidates, cfg.batch, rng):
+            p = np.sort(p)
             rows, ok = positions.batch(p)
             with mixed_precision(target):
                 logits = heads_forward(model, drafter.lm_head, store, col, p)
                 loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
-            going = trainer.step(loss, positions_seen=(trainer.step_no + 1) * cfg.batch)
-            if not going:
+            if not trainer.step(loss, positions_seen=(trainer.step_no + 1) * cfg.batch):
                 break
     trainer.close()
     model.eval()

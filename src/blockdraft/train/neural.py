@@ -22,6 +22,7 @@ class NeuralTrainConfig:
     lr: float = 1e-3
     batch: int = 32
     max_minutes: float = 0.0
+    stop_at_step: int = 0
     seed: int = 0
 
 
@@ -59,17 +60,14 @@ def train_neural(target, store: FeatureStore, valid: FeatureStore | None, out, c
     steps = int(cfg.epochs * len(starts) / cfg.batch)
     evaluate = (lambda: evaluate_neural(rescorer, valid, limit=256)) if valid is not None else None
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="neural rescorer",
-                      evaluate=evaluate)
+                      evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
-    going = trainer.step_no < steps
-    while going:
-        order = rng.permutation(starts)
-        for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
-            emb, teacher, ok = window_batch(store, embed, order[i : i + cfg.batch], cfg.window, t2d)
+    if not trainer.should_stop():
+        for s in trainer.batches(starts, cfg.batch, rng):
+            emb, teacher, ok = window_batch(store, embed, s, cfg.window, t2d)
             with mixed_precision(target):
                 loss = distill_loss(head(model(emb)), teacher, ok.float())
-            going = trainer.step(loss, windows_seen=(trainer.step_no + 1) * cfg.batch)
-            if not going:
+            if not trainer.step(loss, windows_seen=(trainer.step_no + 1) * cfg.batch):
                 break
     trainer.close()
     model.eval()

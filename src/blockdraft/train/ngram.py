@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..data.chat import check_chat_template
 from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..drafters.checkpoint import target_signature
 from ..errors import BlockdraftError
@@ -26,12 +27,13 @@ class NGramTrainConfig:
 def token_sequences(target, records, max_tokens: int | None, max_len: int = 4096, desc: str = "tokenizing"):
     """Chat-template token ids of conversations (prompts and replies) until max_tokens (None: all of them);
     also the reply masks."""
+    check_chat_template(target.tokenizer, f"target '{target.name}'")
     seqs, masks, n = [], [], 0
     limit = max_tokens if max_tokens is not None else float("inf")
     total, unit = (max_tokens, "tok") if max_tokens is not None else (len(records), "conv")
     with tqdm(total=total, unit=unit, desc=desc) as bar:
         for r in records:
-            conv = conversation_ids(target.tokenizer, r, max_len)
+            conv = conversation_ids(target.tokenizer, r, max_len, target.eos_token_ids)
             if conv is None:
                 bar.update(0 if max_tokens is not None else 1)
                 continue

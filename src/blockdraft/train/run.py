@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from ..data.sharegpt import data_path, load_conversations, split_conversations
@@ -11,6 +12,7 @@ from ..drafters.heads import HEAD_STYLES
 from ..errors import BlockdraftError
 from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
+from .common import saved_state
 from .datastore import DatastoreTrainConfig, train_datastore
 from .features import build_store
 from .heads import HeadsTrainConfig, train_heads
@@ -36,16 +38,17 @@ def store_folder(target, data: str, split: str, max_tokens: int) -> Path:
 
 
 def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, valid_tokens: int = 30_000,
-                   store: str | None = None, max_len: int = 512):
-    """(train store, validation store) for `target`, built on first use. Validation conversations are
-    held out by id (see data.sharegpt.split_conversations); Spec-Bench is never used for training."""
+                   store: str | None = None, max_len: int = 512, valid_store: str | None = None):
+    """(train store, validation store) for `target`, built on first use (reused as they are once complete).
+    Validation conversations are held out by id (see data.sharegpt.split_conversations); Spec-Bench is never
+    used for training."""
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
     path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
     train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens)
-    valid_dir = train_dir.parent / (train_dir.name + "-valid") if store else store_folder(
-        target, path, "valid", valid_tokens)
+    valid_dir = Path(valid_store) if valid_store else train_dir.parent / (train_dir.name + "-valid") if store else (
+        store_folder(target, path, "valid", valid_tokens))
     train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len)
     valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len) if valid_tokens else None
     return train_store, valid_store
@@ -55,7 +58,9 @@ def training_config(drafter: str, out, resume: bool = False, **options):
     """Check the command's options before anything slow happens; returns (config, train function)."""
     if drafter not in DRAFTERS:
         raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
-    if resume and not (Path(out) / "resume" / "state.json").is_file():
+    if resume and drafter in ("ngram", "datastore"):
+        raise BlockdraftError(f"--resume does not apply to the {drafter} drafter (built in one pass over the tokens)")
+    if resume and saved_state(out) is None:
         raise BlockdraftError(f"--resume: '{out}' has no saved training state (resume/state.json)")
     config_cls, train = DRAFTERS[drafter]
     known = set(config_cls.__dataclass_fields__)
@@ -68,14 +73,37 @@ def training_config(drafter: str, out, resume: bool = False, **options):
     return config_cls(**{k: v for k, v in options.items() if v is not None}), train
 
 
+RUN_FILE = "run.json"  # the command's arguments, so that `--resume DIR` alone continues the same run
+
+
+def saved_run(out) -> dict:
+    """The arguments a run in `out` was started with ({} if none were recorded)."""
+    path = Path(out) / RUN_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, valid_tokens=30_000,
-                  store=None, resume=False, **options):
-    """Train a drafter (`heads`, `block`) or a rescoring LM (`neural`, `ngram`) and save it to `out`."""
+                  store=None, resume=False, target_arg: str | None = None, **options):
+    """Train a drafter (`heads`, `block`) or a rescoring LM (`neural`, `ngram`) and save it to `out`.
+
+    A resumed run reuses the feature stores it was started with (their paths are in OUT/run.json):
+    they are complete, so nothing is recomputed."""
     cfg, train = training_config(drafter, out, resume, **options)
     if drafter == "datastore":  # token ids and a suffix array, no target features
         return train(target, out, data, max_tokens)
     if drafter == "ngram":  # counts tokens, needs no target features
         return train(target, out, data, cfg.order, max_tokens or 3_000_000, cfg.min_count)
     max_tokens = max_tokens or 600_000
-    train_store, valid_store = prepare_stores(target, data, max_tokens, valid_tokens, store)
+    before = saved_run(out) if resume else {}
+    train_store, valid_store = prepare_stores(target, data, max_tokens, valid_tokens, store or before.get("store"),
+                                              valid_store=None if store else before.get("valid_store"))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    record = {"drafter": drafter, "target": target.name, "target_arg": target_arg,
+              "data": data if data == "sharegpt" else str(Path(data).resolve()),
+              "max_tokens": max_tokens,
+              "valid_tokens": valid_tokens, "store": str(train_store.path),
+              "valid_store": str(valid_store.path) if valid_store else None,
+              # --stop-at-step is where this invocation pauses, not part of the run: a resume would stop at once
+              "options": {k: v for k, v in options.items() if v is not None and k != "stop_at_step"}}
+    (Path(out) / RUN_FILE).write_text(json.dumps(record, indent=1))
     return train(target, train_store, valid_store, Path(out), cfg, resume=resume)

@@ -27,6 +27,7 @@ class TreeFlashTrainConfig:
     lr: float = 1e-3
     anchors_per_seq: int = 64
     max_minutes: float = 0.0
+    stop_at_step: int = 0
     seed: int = 0
 
 
@@ -69,43 +70,43 @@ def load_base(folder, target):
     return base
 
 
-def batches(base, store: FeatureStore, cfg: "TreeFlashTrainConfig", rng, once: bool = False,
-            max_batches: int | None = None):
-    """Training batches of (states, parents, teacher rows, valid) for either base: endless epochs, or one
-    pass (`once`), at most `max_batches`."""
+def batch_source(base, store: FeatureStore, cfg: "TreeFlashTrainConfig"):
+    """What one epoch permutes for either base, items per batch, and batch(items, rng) -> (states, parents,
+    teacher rows, valid), or None for a sequence without anchors."""
     if isinstance(base, HeadsDrafter):
         positions = HeadPositions(store, base.config.num_heads)
         col = store.layer_slice(base.feature_layers)
         size = max(1, min(cfg.batch, len(positions.candidates)))
-        def epoch():
-            order = rng.permutation(positions.candidates)
-            for i in range(0, len(order) - size + 1, size):
-                yield heads_module_batch(base, store, positions, col, np.sort(order[i : i + size]))
-    else:
-        cols = store.layer_slice(base.feature_layers)
-        seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
-        def epoch():
-            for j in rng.permutation(len(seqs)):
-                a, b = seqs[j]
-                anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
-                if len(anchors):
-                    yield module_batch(base, store, a, b, cols, anchors)
+        return positions.candidates, size, lambda p, rng: heads_module_batch(base, store, positions, col, np.sort(p))
+    cols = store.layer_slice(base.feature_layers)
+    seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
+
+    def one_sequence(j, rng):
+        a, b = seqs[int(j[0])]
+        anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
+        return module_batch(base, store, a, b, cols, anchors) if len(anchors) else None
+
+    return np.arange(len(seqs)), 1, one_sequence
+
+
+def one_pass(base, store: FeatureStore, cfg: "TreeFlashTrainConfig", rng, max_batches: int | None = None):
+    """One shuffled pass of batches (at most `max_batches`), for validation."""
+    items, size, make = batch_source(base, store, cfg)
+    order = rng.permutation(items)
     n = 0
-    while True:
-        before = n
-        for batch in epoch():
-            yield batch
-            n += 1
-            if max_batches is not None and n >= max_batches:
-                return
-        if once or n == before:  # one pass asked for, or nothing to train on
+    for i in range(0, len(order) - size + 1, size):
+        batch = make(order[i : i + size], rng)
+        if batch is None:
+            continue
+        yield batch
+        n += 1
+        if max_batches is not None and n >= max_batches:
             return
 
 
 def steps_per_epoch(base, store: FeatureStore, cfg: "TreeFlashTrainConfig") -> int:
-    if isinstance(base, HeadsDrafter):
-        return len(HeadPositions(store, base.config.num_heads).candidates) // cfg.batch
-    return sum(1 for a, b in store.sequences() if b - a >= 8)
+    items, size, _ = batch_source(base, store, cfg)
+    return len(items) // size
 
 
 def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: TreeFlashTrainConfig,
@@ -125,10 +126,15 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
     steps = int(cfg.epochs * steps_per_epoch(base, store, cfg))
     evaluate = (lambda: evaluate_treeflash(drafter, valid, max_batches=40)) if valid is not None else None
     trainer = Trainer(module, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="AR module",
-                      evaluate=evaluate)
+                      evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     module.train()
-    if trainer.step_no < steps:
-        for h, parents, rows, ok in batches(base, store, cfg, rng):
+    items, size, make = batch_source(base, store, cfg)
+    if not trainer.should_stop():
+        for chosen in trainer.batches(items, size, rng):
+            batch = make(chosen, rng)
+            if batch is None:
+                continue
+            h, parents, rows, ok = batch
             with mixed_precision(target):
                 logits = base.lm_head(module(h, parent_embeddings(base, parents)))
                 loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
@@ -152,7 +158,7 @@ def evaluate_treeflash(drafter: TreeFlashDrafter, store: FeatureStore, seed: int
     base = drafter.base
     cfg = TreeFlashTrainConfig(anchors_per_seq=16, batch=256)
     metrics = DraftMetrics()
-    for h, parents, rows, ok in batches(base, store, cfg, np.random.default_rng(seed), True, max_batches):
+    for h, parents, rows, ok in one_pass(base, store, cfg, np.random.default_rng(seed), max_batches):
         logits = base.lm_head(drafter.module(h, parent_embeddings(base, parents)))
         draft = base.lm_head.to_target_ids(logits.argmax(-1))
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))

@@ -1,0 +1,155 @@
+"""Long runs: stopping (step, time limit) and resuming give the weights of an uninterrupted run, from the same
+feature store, never rebuilt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import conversations
+from safetensors.torch import load_file
+
+from blockdraft.train.block import BlockTrainConfig, train_block
+from blockdraft.train.heads import HeadsTrainConfig, train_heads
+from blockdraft.train.neural import NeuralTrainConfig, train_neural
+from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash
+
+KINDS = {  # each stops mid-epoch, so the data position matters
+    "heads": (train_heads, lambda **k: HeadsTrainConfig(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.6,
+                                                        batch=64, lr=5e-3, **k)),
+    "block": (train_block, lambda **k: BlockTrainConfig(gamma=4, draft_vocab=20, epochs=0.4, lr=5e-3,
+                                                        anchors_per_seq=8, seqs_per_step=2, **k)),
+    "neural": (train_neural, lambda **k: NeuralTrainConfig(width=16, num_layers=1, window=8, draft_vocab=0,
+                                                           epochs=0.5, batch=16, lr=3e-3, **k)),
+    "treeflash": (train_treeflash, lambda **k: TreeFlashTrainConfig(inner_size=16, epochs=0.4, lr=3e-3,
+                                                                    anchors_per_seq=8, **k)),
+}
+
+
+@pytest.fixture(scope="module")
+def base_block(tiny, stores, tmp_path_factory):
+    """A small block drafter for the AR module to build on."""
+    out = tmp_path_factory.mktemp("base") / "dflash"
+    train_block(tiny, stores[0], None, out, BlockTrainConfig(gamma=4, draft_vocab=20, epochs=0.2, lr=5e-3,
+                                                             anchors_per_seq=8))
+    return out
+
+
+def resume_state(folder):
+    return load_file(str(folder / "resume" / "model.safetensors")), json.loads(
+        (folder / "resume" / "state.json").read_text())
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_stopped_and_resumed_equals_uninterrupted(tiny, stores, base_block, tmp_path, kind):
+    train, config = KINDS[kind]
+    extra = {"init": str(base_block)} if kind == "treeflash" else {}
+    store = stores[0]
+    train(tiny, store, None, tmp_path / "whole", config(**extra))
+    whole, whole_state = resume_state(tmp_path / "whole")
+    steps = whole_state["step"]
+    assert steps >= 6 and whole_state["total_steps"] == steps
+    half = steps // 2
+    train(tiny, store, None, tmp_path / "split", config(stop_at_step=half, **extra))
+    first, first_state = resume_state(tmp_path / "split")
+    assert first_state["step"] == half and first_state["batch"] > 0  # stopped in mid-epoch
+    assert any(not torch.equal(first[k], whole[k]) for k in whole)  # not yet the same weights
+    train(tiny, store, None, tmp_path / "split", config(**extra), resume=True)
+    again, again_state = resume_state(tmp_path / "split")
+    assert again_state["step"] == steps
+    assert all(v.dtype == torch.float32 for v in whole.values() if v.is_floating_point())
+    assert whole.keys() == again.keys() and all(torch.equal(whole[k], again[k]) for k in whole), kind
+    training = json.loads((tmp_path / "split" / "config.json").read_text())["training"]
+    assert training["steps"] == training["planned_steps"] == steps and training["stopped"] is None
+
+
+def forward_counter(target):
+    """How many times the target's body runs (the feature store's cost)."""
+    calls = []
+    target.model.base_model.register_forward_pre_hook(lambda *a: calls.append(1))
+    return calls
+
+
+def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from blockdraft import Target, cli
+
+    (tmp_path / "data.json").write_text(json.dumps(conversations(60)))
+    loaded = []
+
+    def load(args):  # the CLI's own loader, with a counter on the target's forward
+        target = Target.load(args.target, args.dtype, args.device)
+        loaded.append(forward_counter(target))
+        return target
+
+    monkeypatch.setattr(cli, "_load_target", load)
+    out = tmp_path / "run"
+    args = ["train", "--target", str(tiny_model_dir), "--drafter", "heads", "--data", str(tmp_path / "data.json"),
+            "--max-tokens", "3000", "--valid-tokens", "300", "--num-heads", "2", "--draft-vocab", "0",
+            "--epochs", "2", "--lr", "0.003", "--stop-at-step", "5", "--out", str(out), "--dtype", "float32"]
+    assert cli.main(args) == 0
+    assert sum(loaded[0]) > 0  # the first run built the stores
+    assert json.loads((out / "resume" / "state.json").read_text())["step"] == 5
+    assert json.loads((out / "config.json").read_text())["training"]["stopped"] == "--stop-at-step"
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out)]) == 0  # nothing restated
+    assert sum(loaded[1]) == 0  # no target forward at all: both stores were reused as they were
+    assert capsys.readouterr().out.count("reusing the feature store") == 2
+    state = json.loads((out / "resume" / "state.json").read_text())
+    assert state["step"] == state["total_steps"] > 5
+    run = json.loads((out / "run.json").read_text())
+    assert run["drafter"] == "heads" and run["options"]["num_heads"] == 2
+
+
+def test_time_limit_stops_with_a_checkpoint_and_resumes(tiny, stores, tmp_path):
+    from blockdraft.drafters import HeadsDrafter
+
+    cfg = dict(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.3, batch=64, lr=5e-3)
+    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(max_minutes=1e-9, **cfg))
+    state = json.loads((tmp_path / "run" / "resume" / "state.json").read_text())
+    assert state["step"] < state["total_steps"]  # stopped by the (tiny) time limit
+    drafter = HeadsDrafter.from_pretrained(tmp_path / "run", tiny)  # a usable checkpoint was written
+    assert drafter.config.training["stopped"] == "time limit"
+    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(max_minutes=60, **cfg), resume=True)
+    state = json.loads((tmp_path / "run" / "resume" / "state.json").read_text())
+    assert state["step"] == state["total_steps"]
+
+
+def test_ctrl_c_stops_after_the_step_and_resumes(tiny, stores, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from blockdraft.train import common
+
+    cfg = dict(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.3, batch=64, lr=5e-3)
+    gather, calls = common.Teacher.gather, []
+
+    def gather_then_interrupt(*a, **k):  # Ctrl-C arrives in the middle of the 4th step
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return gather(*a, **k)
+
+    monkeypatch.setattr(common.Teacher, "gather", staticmethod(gather_then_interrupt))
+    before = signal.getsignal(signal.SIGINT)
+    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(**cfg))  # no KeyboardInterrupt
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+    weights, state = resume_state(tmp_path / "run")
+    assert state["step"] == 4 < state["total_steps"]  # the step in progress was finished, then it stopped
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["stopped"] == "interrupted"
+    monkeypatch.setattr(common.Teacher, "gather", gather)
+    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(**cfg), resume=True)
+    train_heads(tiny, stores[0], None, tmp_path / "whole", HeadsTrainConfig(**cfg))
+    (a, _), (b, _) = resume_state(tmp_path / "run"), resume_state(tmp_path / "whole")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_resume_errors(tmp_path, capsys):
+    from blockdraft.cli import main
+
+    assert main(["train", "--resume"]) == 2
+    assert "--resume needs the run's folder" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "none")]) == 2
+    assert "no saved training state" in capsys.readouterr().err
+    assert main(["train", "--drafter", "ngram", "--resume", "--out", str(tmp_path)]) == 2
+    assert "does not apply to the ngram drafter" in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""`blockdraft selfdistill`: the target's own replies through the engine, appended to JSONL and resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_chat_targets import chat_tokenizer, tiny_model
+
+from blockdraft import Target
+from blockdraft.cli import main
+from blockdraft.data.sharegpt import load_conversations
+from blockdraft.decoding import SpeculativeDecoder
+from blockdraft.methods import make_drafter
+from blockdraft.verify import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory):
+    """A tiny Qwen2 with a Llama-3-style chat template, saved as a model folder (`--target DIR`)."""
+    folder = tmp_path_factory.mktemp("chat") / "tiny-qwen2"
+    tok = chat_tokenizer("llama3")
+    tiny_model("qwen2", tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    records = [{"id": f"p{i}", "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": "old"}]}
+               for i, q in enumerate(["tell me more", "now tell me", "more, now!", "me? tell.", "what now", "go on"])]
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def run(model_dir, data, out, *extra) -> int:
+    return main(["selfdistill", str(out), "--target", str(model_dir), "--data", str(data), "--dtype", "float32",
+                 "--max-new-tokens", "12", *extra])
+
+
+def test_replies_are_the_targets_own_and_resume_skips_done(chat_model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "self.jsonl"
+    assert run(chat_model_dir, prompts, out, "--max-tokens", "20") == 0
+    first = lines(out)
+    assert 1 <= len(first) < 6 and sum(r["reply_tokens"] for r in first) >= 20
+    target = Target.load(str(chat_model_dir), dtype="float32")
+    ar = SpeculativeDecoder(target, make_drafter("ar", target))
+    for r in first:  # lookup decoding is lossless: each reply is the target's greedy reply
+        assert r["conversations"][1]["value"] == ar.generate(target.encode(r["conversations"][0]["value"]), 12).text
+        assert r["selfdistill"]["method"] == "lookup" and r["selfdistill"]["dtype"] == "float32"
+    capsys.readouterr()
+    assert run(chat_model_dir, prompts, out, "--max-tokens", "1000") == 0  # continue: all the prompts
+    assert "stopped: prompts exhausted" in capsys.readouterr().out
+    second = lines(out)
+    assert second[: len(first)] == first  # appended, nothing rewritten
+    assert sorted(r["id"] for r in second) == [f"p{i}" for i in range(6)]  # each prompt once
+    records = load_conversations(str(out))  # what `blockdraft train --data OUT.jsonl` reads
+    assert [r["id"] for r in records] == [r["id"] for r in second]
+
+
+def test_sampled_replies_resume_to_what_one_run_writes(chat_model_dir, prompts, tmp_path):
+    sampled = ["--temperature", "0.9", "--seed", "7", "--method", "ar"]
+    assert run(chat_model_dir, prompts, tmp_path / "one.jsonl", *sampled) == 0
+    assert run(chat_model_dir, prompts, tmp_path / "two.jsonl", *sampled, "--max-tokens", "15") == 0
+    with (tmp_path / "two.jsonl").open("a") as f:
+        f.write('{"id": "torn li')  # a run killed while writing
+    assert run(chat_model_dir, prompts, tmp_path / "two.jsonl", *sampled) == 0
+    one, two = lines(tmp_path / "one.jsonl"), [json.loads(x) for x in (tmp_path / "two.jsonl").read_text()
+                                               .splitlines() if not x.startswith('{"id": "torn')]
+    assert one == two
+    target = Target.load(str(chat_model_dir), dtype="float32")
+    greedy = SpeculativeDecoder(target, make_drafter("ar", target))
+    assert any(r["conversations"][1]["value"] != greedy.generate(target.encode(r["conversations"][0]["value"]),
+                                                                 12).text for r in one)  # really sampled
+    again = SpeculativeDecoder(target, make_drafter("ar", target), SamplingParams(0.9))
+    from blockdraft.data.selfdistill import record_seed
+
+    r = one[0]
+    assert again.generate(target.encode(r["conversations"][0]["value"]), 12,
+                          seed=record_seed(7, r["id"])).text == r["conversations"][1]["value"]
+
+
+def test_later_turns_answer_the_targets_own_earlier_replies(chat_model_dir, tmp_path):
+    record = {"id": "m", "conversations": [{"from": "human", "value": "tell me"}, {"from": "gpt", "value": "x"},
+                                           {"from": "human", "value": "more"}, {"from": "gpt", "value": "y"},
+                                           {"from": "human", "value": "now"}]}
+    data = tmp_path / "multi.json"
+    data.write_text(json.dumps([record]))
+    assert run(chat_model_dir, data, tmp_path / "m.jsonl", "--turns", "2", "--max-prompt-tokens", "400") == 0
+    (r,) = lines(tmp_path / "m.jsonl")
+    turns = r["conversations"]
+    assert [t["from"] for t in turns] == ["human", "gpt", "human", "gpt"] and turns[2]["value"] == "more"
+    target = Target.load(str(chat_model_dir), dtype="float32")
+    ar = SpeculativeDecoder(target, make_drafter("ar", target))
+    history = [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": turns[1]["value"]},
+               {"role": "user", "content": "more"}]
+    assert turns[3]["value"] == ar.generate(target.encode_chat(history), 12).text  # given its own first reply
+
+
+def test_time_limit_and_errors(chat_model_dir, prompts, tmp_path, capsys, tiny_model_dir):
+    assert run(chat_model_dir, prompts, tmp_path / "t.jsonl", "--max-minutes", "1e-9") == 0
+    assert "stopped: time limit" in capsys.readouterr().out
+    assert run(chat_model_dir, prompts, tmp_path / "t.jsonl", "--method", "nope") == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    assert run(tiny_model_dir, prompts, tmp_path / "t.jsonl") == 2  # a model without a chat template
+    assert "needs a target with a tokenizer and a chat template" in capsys.readouterr().err
+
+
+def test_selfdistilled_file_trains_a_drafter_through_the_cli(chat_model_dir, tmp_path, capsys):
+    """The whole flow for a non-ChatML target: selfdistill, train on the JSONL, generate losslessly."""
+    words = ["tell", "me", "more", "now", "what", "go", "on", "so"]
+    records = [{"id": f"q{i}", "conversations": [{"from": "human", "value": f"{words[i % 8]} {words[i // 8 % 8]}"}]}
+               for i in range(40)]
+    (tmp_path / "prompts.json").write_text(json.dumps(records))
+    data = tmp_path / "self.jsonl"
+    assert run(chat_model_dir, tmp_path / "prompts.json", data, "--max-new-tokens", "24") == 0
+    out = tmp_path / "bpd"
+    assert main(["train", "--drafter", "heads", "--target", str(chat_model_dir), "--data", str(data), "--store",
+                 str(tmp_path / "store"), "--max-tokens", "5000", "--valid-tokens", "0", "--num-heads", "2",
+                 "--draft-vocab", "0", "--epochs", "3", "--lr", "0.005", "--out", str(out), "--dtype", "float32"]) == 0
+    assert json.loads((out / "config.json").read_text())["training"]["steps"] >= 3
+    capsys.readouterr()
+    results = {}
+    for method in ("ar", f"bpd:checkpoint={out}"):
+        assert main(["generate", "tell me more", "--target", str(chat_model_dir), "--method", method, "--json",
+                     "--dtype", "float32", "--max-new-tokens", "30"]) == 0
+        results[method] = json.loads(capsys.readouterr().out)
+    ar, bpd = results.values()
+    assert bpd["tokens"] == ar["tokens"] and bpd["target_calls"] < ar["target_calls"]
