@@ -115,3 +115,23 @@ def test_text_streamer_holds_back_a_possible_stop_string():
     assert "EN" not in out.getvalue()
     streamer.finish("Hello ")  # the decoder cut the text at the stop string
     assert out.getvalue() == "Hello \n"
+
+
+def test_train_datastore_then_generate_with_rest(tiny_model_dir, tmp_path, capsys):
+    from conftest import conversations
+
+    data = tmp_path / "conversations.json"
+    data.write_text(json.dumps(conversations(30) + [{"id": "abc", "conversations": [
+        {"from": "human", "value": "abc abc abc"}, {"from": "gpt", "value": "abc abc abc abc abc abc"}]}]))
+    out = tmp_path / "ds"
+    assert main(["train", "--drafter", "datastore", "--target", str(tiny_model_dir), "--data", str(data),
+                 "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["kind"] == "datastore" and config["tokens"] > 100
+    capsys.readouterr()
+    ar = generate_json(capsys, tiny_model_dir, "--method", "ar")
+    rest = generate_json(capsys, tiny_model_dir, "--method", f"rest:datastore={out}")
+    assert rest["tokens"] == ar["tokens"] and rest["method"] == f"rest:datastore={out}"
+    code, _, err = run_cli("generate", "abc", "--target", str(tiny_model_dir), "--method",
+                           f"rest:datastore={tmp_path / 'missing'}")
+    assert code == 2 and "not a readable datastore" in err and "Traceback" not in err
