@@ -262,3 +262,27 @@ def test_hybrid_trees_respect_the_budget_and_are_prefix_closed():
         assert len(set(paths)) == len(paths)  # no branch twice: sources' common prefixes merged
         assert all(p[:-1] in paths for p in paths[1:])  # every node's parent path is in the tree
         assert int(tree.depth.max()) <= max_depth
+
+
+def test_candidates_agree_with_brute_force_continuation_counts():
+    rng = random.Random(3)
+    docs = [[rng.randrange(4) for _ in range(rng.randint(5, 30))] for _ in range(10)]
+    index = SuffixIndex.from_documents(docs, separator=-1)
+    for _ in range(100):
+        context = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        length, _ = brute_force_match(docs, context, 8)
+        cand = index.candidates(context, max_length=8, depth=3, max_occurrences=10**6, max_nodes=10**6)
+        assert cand.match_length == length
+        if not length:
+            assert len(cand) == 0
+            continue
+        pattern, counts, occurrences = context[-length:], {}, 0
+        for doc in docs:
+            for i in range(len(doc) - length + 1):
+                if doc[i:i + length] == pattern:
+                    occurrences += 1
+                    cont = doc[i + length:i + length + 3]
+                    for d in range(1, len(cont) + 1):
+                        counts[tuple(cont[:d])] = counts.get(tuple(cont[:d]), 0) + 1
+        got = {tuple(_path(cand, i)): p for i, p in enumerate(cand.prob)}
+        assert got == pytest.approx({k: v / occurrences for k, v in counts.items()})
