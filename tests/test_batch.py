@@ -97,7 +97,7 @@ REQUESTS = [(12, 40, "lookup", 0), (3, 25, "tree01", 0), (30, 10, "ar", 1), (1, 
 
 def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output():
     target, reference = make_target(), make_target()
-    decoder = BatchDecoder(target, max_batch=4)
+    decoder = BatchDecoder(target, max_batch=4, max_rows=None)  # no cap: the same trees as batch 1
     pending = [(i, *r) for i, r in enumerate(REQUESTS)]
     seqs, step, sizes = {}, 0, []
     while pending or decoder.active:
@@ -234,3 +234,28 @@ def test_retrieval_methods_in_a_batch_keep_the_greedy_output(method):
         assert seq.error is None
         assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(p, 30).tokens
     assert sum(sum(k * n for k, n in s.stats.accepted_hist.items()) for s in seqs) > 0
+
+
+def test_max_rows_caps_each_tree_by_the_batch_size_and_keeps_the_output():
+    from drafters_for_tests import RandomTreeDrafter
+
+    target, reference = make_target(), make_target()
+    sizes = []
+    decoder = BatchDecoder(target, max_batch=4, max_rows=8)
+    real_forward = decoder.engine.forward
+
+    def recording_forward(first, tokens, *args, **kw):
+        if len(tokens) > 1 or not kw.get("last_logits_only"):
+            sizes.append((len(tokens), max(len(t) for t in tokens)))
+        return real_forward(first, tokens, *args, **kw)
+
+    decoder.engine.forward = recording_forward
+    drafter = RandomTreeDrafter(target.vocab_size, max_nodes=12, seed=0)
+    prompts = [prompt(6, i) for i in range(4)]
+    seqs = [decoder.add(p, drafter, max_new_tokens=16) for p in prompts]
+    while decoder.active:
+        decoder.step()
+    for p, seq in zip(prompts, seqs, strict=True):
+        assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(p, 16).tokens
+    verify = [(b, n) for b, n in sizes if b > 1]
+    assert verify and all(n <= 8 // b for b, n in verify)  # 4 sequences: trees of 2 nodes at most

@@ -87,9 +87,14 @@ class BatchDecoder:
     token the target accepted, False for the target's own (bonus) token.
     """
 
-    def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None):
+    def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None, max_rows: int | None = 16):
         self.target, self.max_batch = target, max_batch
         self.max_nodes = max_nodes  # optional cap on each tree's size, root included (as SpeculativeDecoder's)
+        # Every tree is padded to the largest, so one big tree makes all B rows of the batch pay for it: with
+        # B sequences, each tree keeps at most max_rows // B nodes (None: no such cap). On 16 held-out ShareGPT
+        # prompts at batch 8 (lookup, bf16, 2 threads) total tokens/s was 161 without a cap, 170 / 190 / 204
+        # with max_rows 64 / 32 / 16 (BENCHMARKS.md, "Serving")
+        self.max_rows = max_rows
         self.engine = BatchEngine(target.forwarder, max_batch)
         self.active: list[Sequence] = []  # active[i] lives in slot i
         self.forwards = 0  # batched verification forwards run (for tests and metrics)
@@ -161,7 +166,10 @@ class BatchDecoder:
                 failed.append(seq)
                 continue
             batch.append(seq)
-            trees.append(tree.truncate(self.max_nodes or len(tree), depth))
+            cap = self.max_nodes or len(tree)
+            if self.max_rows:
+                cap = min(cap, max(1, self.max_rows // len(self.active)))
+            trees.append(tree.truncate(cap, depth))
             seq.stats.draft_s += time.perf_counter() - t0
         if not batch:
             return failed
