@@ -25,6 +25,7 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from ..trees.budget import best_budget
 from .base import DraftContext, Drafter
+from .suffix_index import Candidates
 
 
 class AcceptanceCalibrator:
@@ -60,6 +61,8 @@ class Proposal:
     parents: list[int]
     cond: list[float]
     match_length: int = 0
+    keys: list = field(default_factory=list)  # each node's calibration bin (set by HybridDrafter._score)
+    score: list = field(default_factory=list)  # each node's calibrated path probability
 
 
 @dataclass
@@ -119,14 +122,15 @@ class HybridDrafter(Drafter):
             if name == "recycle":  # the target's own top-k from earlier passes
                 source.recycle(ctx.verified)
                 tokens, parents, probs = source.candidates(ctx.tokens[-1], min(source.depth, depth))
-                cond = [p / (probs[par] if par >= 0 else 1.0) for p, par in zip(probs, parents)]
-                found.append(Proposal(name, tokens, parents, cond))
+                found.append(retrieval_proposal(name, Candidates(tokens, parents, probs, 0)))
             elif name == "suffix":  # the request's own tokens and earlier outputs: calibrated apart
                 for label, cand in zip(("suffix", "suffix-global"), source.sources(ctx, min(source.depth, depth))):
                     found.append(retrieval_proposal(label, cand))
             else:
                 found.append(retrieval_proposal(name, source.candidates(ctx, min(source.depth, depth))))
-        expected = max((self._expected(p) for p in found), default=0.0)
+        for p in found:
+            self._score(p)
+        expected = max((sum(p.score) for p in found), default=0.0)  # accepted tokens, each source alone
         if self.learned:
             name, drafter = self.learned
             if expected >= self.skip:
@@ -134,18 +138,16 @@ class HybridDrafter(Drafter):
             else:
                 self.learned_runs += 1
                 tree, scores = drafter.scored_tree(ctx)
-                found.append(learned_proposal(name, tree, scores))
+                found.append(self._score(learned_proposal(name, tree, scores)))
         return found
 
-    def _expected(self, p: Proposal) -> float:
-        """Expected accepted tokens of a proposal on its own: the sum of its calibrated path scores."""
-        path, total = [], 0.0
-        for tok, par, c in zip(p.tokens, p.parents, p.cond):
-            s = (path[par] if par >= 0 else 1.0) * self.calibrator.estimate(
-                self.calibrator.key(p.source, c, p.match_length), c)
-            path.append(s)
-            total += s
-        return total
+    def _score(self, p: Proposal) -> Proposal:
+        """Each node's calibration bin and calibrated probability that the target accepts its whole path."""
+        p.keys = [self.calibrator.key(p.source, c, p.match_length) for c in p.cond]
+        p.score = []
+        for key, par, c in zip(p.keys, p.parents, p.cond):
+            p.score.append((p.score[par] if par >= 0 else 1.0) * self.calibrator.estimate(key, c))
+        return p
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         self._learn(ctx.tokens)
@@ -159,18 +161,14 @@ class HybridDrafter(Drafter):
         nodes: dict[tuple, _Node] = {}
         for p in self.proposals(ctx, depth):
             paths: list[tuple] = []
-            path_score: list[float] = []
             weight = self.weights.get(p.source.removesuffix("-global"), 1.0)
-            for tok, par, c in zip(p.tokens, p.parents, p.cond):
+            for tok, par, key, score in zip(p.tokens, p.parents, p.keys, p.score):
                 path = (paths[par] if par >= 0 else ()) + (tok,)
-                key = self.calibrator.key(p.source, c, p.match_length)
-                s = (path_score[par] if par >= 0 else weight) * self.calibrator.estimate(key, c)
                 paths.append(path)
-                path_score.append(s)
                 if len(path) > depth:
                     continue
                 node = nodes.setdefault(path, _Node())
-                node.score = max(node.score, s)
+                node.score = max(node.score, weight * score)
                 node.keys.append(key)
         # A child never scores above its parent, and ties go to the shorter path: parents come first.
         ranked = sorted(nodes.items(), key=lambda kv: (-kv[1].score, len(kv[0])))[: self.budget]

@@ -56,10 +56,7 @@ class Datastore(SuffixIndex):
             raise BlockdraftError(f"the datastore '{folder}' was built for target '{recorded.get('name')}' "
                                   f"(vocabulary {recorded.get('vocab_size')}), not for '{target.name}' "
                                   f"(vocabulary {target.vocab_size})")
-        store = cls.__new__(cls)
-        store.tokens, store.sa, store.separator = np.asarray(tokens), sa, int(config["separator"])
-        store.reversed = np.ascontiguousarray(store.tokens[::-1]).astype(np.int32)
-        return store
+        return cls(np.asarray(tokens), int(config["separator"]), suffix_array=sa)
 
 
 class RestDrafter(Drafter):

@@ -35,7 +35,8 @@ def token_sequences(target, records, max_tokens: int | None, max_len: int = 4096
         for r in records:
             conv = conversation_ids(target.tokenizer, r, max_len, target.eos_token_ids)
             if conv is None:
-                bar.update(0 if max_tokens is not None else 1)
+                if max_tokens is None:  # the bar counts conversations then
+                    bar.update(1)
                 continue
             ids, mask = conv
             if max_tokens is not None:
