@@ -92,3 +92,41 @@ def test_bf16_engine_stays_within_rounding_of_transformers():
     assert a.dtype == torch.float32  # acceptors always get float32 logits
     assert (a - b).abs().max() < 0.05 * b.abs().max()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_engine_matches_eager_through_trees_growth_and_commits_without_recompiling(dtype):
+    from torch._dynamo.utils import counters
+
+    model = tiny_qwen2().to(dtype)
+    graphs_before = counters["stats"]["unique_graphs"]
+    fast = Target(model, name="t", feature_layers=(0, 2), compile=True)
+    eager = Target(model, name="t", feature_layers=(0, 2))
+    assert fast.compiled and not eager.compiled and fast.compile_seconds > 0
+    assert counters["stats"]["unique_graphs"] - graphs_before == 2  # one-token steps, and trees
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    prompt = [(5 * i) % 37 + 3 for i in range(static_engine.CHUNK - 40)]
+    for t in (fast, eager):
+        t.prefill(prompt)
+    trees = [DraftTree.root_only(4), DraftTree.chain(5, [6, 7]), DraftTree.from_paths(5, [[6, 7, 8], [6, 9], [10]]),
+             DraftTree.chain(9, list(range(10, 40)))]  # the long chain crosses the KV chunk boundary
+    for step in range(3):
+        for tree in trees:
+            a, b = fast.verify(tree), eager.verify(tree)
+            torch.testing.assert_close(a.logits, b.logits, **tol)
+            torch.testing.assert_close(a.features.float(), b.features.float(), **tol)
+            path = [0, 1] if len(tree) > 1 else [0]
+            fast.commit(path)
+            eager.commit(path)
+    assert fast.forwarder.capacity > static_engine.CHUNK
+    assert counters["stats"]["unique_graphs"] - graphs_before == 2  # no size or context recompiled
+
+
+def test_compiled_engine_decodes_greedy_like_the_eager_one():
+    model = tiny_llama(vocab_size=40, logit_scale=4.0)
+    fast, eager = Target(model, name="t", compile=True), Target(model, name="t")
+    prompt = [3, 5, 6, 3, 9]
+    for drafter in (NoDrafter(), RandomTreeDrafter(40, max_nodes=9, seed=1)):
+        a = SpeculativeDecoder(fast, drafter).generate(prompt, max_new_tokens=40)
+        b = SpeculativeDecoder(eager, drafter).generate(prompt, max_new_tokens=40)
+        assert a.tokens == b.tokens and len(a.tokens) == 40

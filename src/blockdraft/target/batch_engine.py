@@ -10,10 +10,9 @@ the batch's keys are a view, not a gather; a finished sequence's slot is refille
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import BlockdraftError
-from .engine import CHUNK, StaticEngine, _rms_norm, _rope
+from .engine import CHUNK, StaticEngine, in_order
 
 
 class BatchEngine:
@@ -95,32 +94,12 @@ class BatchEngine:
         write_slot = torch.arange(first, first + B).repeat_interleave(n).to(device)
         write_pos = (starts[:, None] + torch.arange(n)[None, :]).reshape(-1).to(device)
 
-        x = F.embedding(tok, w.embed)  # [B, n, hidden]
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
-        hidden = {0: x} if 0 in hidden_layers else {}
-        for i, layer in enumerate(w.layers):
-            h = _rms_norm(x, layer.ln1, layer.eps1)
-            qkv = layer.qkv(h).view(B, n, -1, w.head_dim).transpose(1, 2)  # [B, heads + 2 kv_heads, n, d]
-            qk = _rope(qkv[:, : w.heads + w.kv_heads], cos, sin)
-            q, k, v = qk[:, : w.heads], qk[:, w.heads :], qkv[:, w.heads + w.kv_heads :]
-            keys, values = self.keys[i], self.values[i]
-            keys[write_slot, :, write_pos] = k.transpose(1, 2).reshape(B * n, w.kv_heads, w.head_dim)
-            values[write_slot, :, write_pos] = v.transpose(1, 2).reshape(B * n, w.kv_heads, w.head_dim)
-            a = F.scaled_dot_product_attention(q, keys[first : first + B, :, :end], values[first : first + B, :, :end],
-                                               attn_mask=mask, scale=w.scale, enable_gqa=w.kv_heads != w.heads)
-            x = x + layer.o(a.transpose(1, 2).reshape(B, n, -1))
-            h = _rms_norm(x, layer.ln2, layer.eps2)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-            if i + 1 in hidden_layers:
-                hidden[i + 1] = x
-        x = _rms_norm(x, w.norm, w.norm_eps)
-        last = len(w.layers)
-        if last in hidden_layers:
-            hidden[last] = x
+        logits, hidden = w.decoder(tok, cos, sin, mask, self.keys, self.values, write_slot, write_pos, first, end,
+                                   tuple(hidden_layers), last_logits_only)
         for slot, size in zip(slots, sizes, strict=False):
             self.lengths[slot] += size  # uncommitted until `commit` keeps a path of them
-        return w.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in hidden_layers]
+        return logits, in_order(hidden, hidden_layers)
 
     @torch.inference_mode()
     def commit(self, slot: int, start: int, path: list[int]) -> None:

@@ -11,8 +11,11 @@ any other model keeps transformers' forward (`Target` falls back by itself).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from . import packing
 
@@ -49,31 +52,129 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-class _Linear:
+class _Linear(nn.Module):
     """y = x W^T + b for one or several projections of the same input concatenated (q|k|v, gate|up),
     prepacked for oneDNN where that applies (target/packing.py)."""
 
     def __init__(self, linears):
-        self.weight = torch.cat([m.weight for m in linears]).detach()
+        super().__init__()
+        self.weight = nn.Parameter(torch.cat([m.weight for m in linears]).detach(), requires_grad=False)
         biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
-        self.bias = torch.cat(biases).detach() if any(m.bias is not None for m in linears) else None
+        has_bias = any(m.bias is not None for m in linears)
+        self.bias = nn.Parameter(torch.cat(biases).detach(), requires_grad=False) if has_bias else None
         self.packed = packing.pack(self.weight)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # inductor's freezing prepacks the (constant) weight itself
+            return F.linear(x, self.weight, self.bias)
         return packing.linear(x, self.weight, self.bias, self.packed)
 
 
-class _Layer:
+class _Layer(nn.Module):
     """One decoder layer's weights, with q/k/v and gate/up concatenated into one matrix each."""
 
     def __init__(self, layer):
+        super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = _Linear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o = _Linear([attn.o_proj])
         self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj])
         self.down = _Linear([mlp.down_proj])
-        self.ln1, self.ln2 = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+        self.ln1 = nn.Parameter(layer.input_layernorm.weight.detach(), requires_grad=False)
+        self.ln2 = nn.Parameter(layer.post_attention_layernorm.weight.detach(), requires_grad=False)
         self.eps1, self.eps2 = layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon
+
+
+class Decoder(nn.Module):
+    """The forward pass on fused weights, for one sequence or a batch (target/batch_engine.py), eager or compiled.
+
+    Rows of `tokens` [B, n] go to KV slots first .. first+B-1; row b's j-th key and value are written at
+    (write_slot[b*n + j], write_pos[b*n + j]) and every row attends over positions [0, end) of its slot
+    under `mask` [B, 1, n, end] (None: a one-token step that sees everything, or `causal`: a fresh prefill).
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        config, inner = model.config, model.model
+        self.embed = nn.Parameter(inner.embed_tokens.weight.detach(), requires_grad=False)
+        self.layers = nn.ModuleList(_Layer(layer) for layer in inner.layers)
+        self.norm = nn.Parameter(inner.norm.weight.detach(), requires_grad=False)
+        self.norm_eps = inner.norm.variance_epsilon
+        self.lm_head = _Linear([model.get_output_embeddings()])
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, first: int, end: int,
+                hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False, causal: bool = False):
+        B, n = tokens.shape
+        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(tokens, self.embed)  # [B, n, hidden]
+        hidden = {0: x} if 0 in hidden_layers else {}
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.ln1, layer.eps1)
+            qkv = layer.qkv(h).view(B, n, -1, d).transpose(1, 2)  # [B, heads + 2 kv_heads, n, d]
+            qk = _rope(qkv[:, : heads + kv_heads], cos, sin)  # queries and keys rotated together
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+            keys[i][write_slot, :, write_pos] = k.transpose(1, 2).reshape(B * n, kv_heads, d)
+            values[i][write_slot, :, write_pos] = v.transpose(1, 2).reshape(B * n, kv_heads, d)
+            a = F.scaled_dot_product_attention(q, keys[i][first : first + B, :, :end],
+                                               values[i][first : first + B, :, :end], attn_mask=mask,
+                                               is_causal=causal, scale=self.scale, enable_gqa=kv_heads != heads)
+            x = x + layer.o(a.transpose(1, 2).reshape(B, n, -1))
+            h = _rms_norm(x, layer.ln2, layer.eps2)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+            if i + 1 in hidden_layers:
+                hidden[i + 1] = x
+        x = _rms_norm(x, self.norm, self.norm_eps)
+        last = len(self.layers)
+        if last in hidden_layers:
+            hidden[last] = x
+        return self.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in sorted(hidden_layers)]
+
+
+def in_order(states: list[torch.Tensor], hidden_layers) -> list[torch.Tensor]:
+    """Decoder's hidden states (ascending layers) in the order `hidden_layers` asked for them."""
+    ascending = sorted(set(hidden_layers))
+    return [states[ascending.index(i)] for i in hidden_layers]
+
+
+class _Step(nn.Module):
+    """One sequence's decoding step (slot 0) on `decoder`, returning the hidden states of every layer."""
+
+    def __init__(self, decoder: Decoder):
+        super().__init__()
+        self.decoder = decoder
+        self.every_layer = frozenset(range(len(decoder.layers) + 1))
+
+    def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, end):
+        return self.decoder(tokens, cos, sin, mask, keys, values, write_slot, write_pos, 0, end, self.every_layer)
+
+
+def compiled_step(decoder: Decoder):
+    """One sequence's decoding step (any tree size, any context) through torch.compile.
+
+    Inductor fuses the ~30 small ops per layer that eager mode launches one by one, freezing prepacks the
+    weights (it applies to the parameters of the module compiled, hence a module, not a function), and
+    the C++ wrapper drops Python from the call path. dynamic=True: one graph for one-token steps and one
+    for every tree size and context length (measured as fast as per-size graphs here, so there are no
+    size buckets and no recompiles as a run goes on). The graph returns every layer's hidden state (it
+    computes them anyway), so drafters that read different layers share it; the set of layers is a
+    frozenset, since dynamo would turn the ints of a tuple symbolic. Freezing embeds the weights as
+    constants, which torch's on-disk graph cache does not take: each process compiles each graph once,
+    on its first call (~50 s for SmolLM2-135M on 2 cores).
+    """
+    step = torch.compile(_Step(decoder), dynamic=True)
+
+    def call(*args):
+        # inductor reads `freezing` outside the scope of torch.compile(options=...): patch it for the call
+        # that compiles (and the ones that may recompile); the patch costs microseconds
+        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True):
+            return step(*args)
+
+    return call
 
 
 class StaticEngine:
@@ -83,24 +184,38 @@ class StaticEngine:
     [length, length + n) and attends each new token to the committed prefix and to the new tokens
     `allowed` marks (its ancestors in a draft tree; None = causal). `commit(path)` moves the
     accepted slots next to the prefix, in place; the rest is overwritten by the next forward.
+
+    With `compile=True` the steps after the prefill (one token or a tree) run the compiled decoder;
+    prefills stay eager (one per prompt, matmul-bound: compiling them gains nothing). Both graphs are
+    compiled when the engine is made, on a throwaway sequence, and `compile_seconds` says how long that took.
     """
 
-    def __init__(self, model):
-        config = model.config
-        inner = model.model
-        self.embed = inner.embed_tokens.weight.detach()
-        self.layers = [_Layer(layer) for layer in inner.layers]
-        self.norm, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
-        self.lm_head = _Linear([model.get_output_embeddings()])
-        self.rotary = inner.rotary_emb
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.scale = self.head_dim ** -0.5
+    def __init__(self, model, compile: bool = False):
+        self.decoder = Decoder(model)
+        self.embed = self.decoder.embed
+        self.layers = self.decoder.layers
+        self.heads, self.kv_heads, self.head_dim = self.decoder.heads, self.decoder.kv_heads, self.decoder.head_dim
+        self.rotary = model.model.rotary_emb
+        self.compile = compile
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.cos = self.sin = None  # rotary tables [capacity, head_dim]; sin with its first half negated
         self.length = 0
+        self.compiled = compiled_step(self.decoder) if compile else None
+        self.compile_seconds = self._compile() if compile else 0.0
+
+    def _compile(self) -> float:
+        """Run a one-token step and a tree pass on a throwaway sequence: their first calls compile.
+        The sizes (an 11-token prefix, 7 nodes) are odd on purpose: a size equal to one of the model's own
+        dimensions would be specialised to it, and other sizes would then compile again."""
+        t0 = time.perf_counter()
+        device = self.embed.device
+        tokens = torch.zeros(19, dtype=torch.long, device=device)
+        self.forward(tokens[:11], torch.arange(11, device=device))
+        self.forward(tokens[11:12], torch.tensor([11], device=device))
+        self.forward(tokens[12:19], torch.arange(12, 19, device=device))
+        self.reset()
+        return time.perf_counter() - t0
 
     @property
     def capacity(self) -> int:
@@ -137,39 +252,30 @@ class StaticEngine:
         """
         n, start = tokens.shape[0], self.length
         end = start + n
-        self._reserve(end)
-        x = F.embedding(tokens, self.embed).unsqueeze(0)  # [1, n, hidden]
-        cos, sin = self.cos[positions].unsqueeze(0).unsqueeze(0), self.sin[positions].unsqueeze(0).unsqueeze(0)
+        # one slot to spare: a pass that fills the buffer exactly would make the compiled graph's slice
+        # [:end] the whole buffer, a case torch.compile guards on and would recompile for
+        self._reserve(end + 1)
+        device = tokens.device
+        cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
         mask = None
         if n > 1 and (allowed is not None or start > 0):
-            mask = torch.ones(n, end, dtype=torch.bool, device=x.device)
+            mask = torch.ones(n, end, dtype=torch.bool, device=device)
             mask[:, start:] = allowed if allowed is not None else torch.ones(n, n, dtype=torch.bool,
-                                                                            device=x.device).tril_()
+                                                                            device=device).tril_()
+            mask = mask[None, None]
         causal = n > 1 and mask is None  # a fresh prefill: plain causal attention
-        hidden = {0: x[0]} if 0 in hidden_layers else {}
-        for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.ln1, layer.eps1)
-            qkv = layer.qkv(h).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, heads + 2 kv_heads, n, d]
-            qk = _rope(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys rotated together
-            q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
-            self.keys[i][:, :, start:end] = k
-            self.values[i][:, :, start:end] = v
-            a = F.scaled_dot_product_attention(q, self.keys[i][:, :, :end], self.values[i][:, :, :end],
-                                               attn_mask=mask, is_causal=causal, scale=self.scale,
-                                               enable_gqa=self.kv_heads != self.heads)
-            x = x + layer.o(a.transpose(1, 2).reshape(1, n, -1))
-            h = _rms_norm(x, layer.ln2, layer.eps2)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-            if i + 1 in hidden_layers:
-                hidden[i + 1] = x[0]
-        x = _rms_norm(x, self.norm, self.norm_eps)[0]
-        last = len(self.layers)
-        if last in hidden_layers:
-            hidden[last] = x
+        slot = torch.zeros(n, dtype=torch.long, device=device)
+        write = torch.arange(start, end, device=device)
+        if self.compiled is not None and start > 0 and not last_logits_only:
+            # a copy, not a view: a view's offset into its base would be guarded on, and recompiled for
+            logits, every_layer = self.compiled(tokens[None].clone(), cos, sin, mask, self.keys, self.values, slot,
+                                                write, end)
+            hidden = [every_layer[i] for i in sorted(set(hidden_layers))]
+        else:
+            logits, hidden = self.decoder(tokens[None], cos, sin, mask, self.keys, self.values, slot, write, 0, end,
+                                          tuple(hidden_layers), last_logits_only, causal)
         self.length = end
-        logits = self.lm_head(x[-1:] if last_logits_only else x)
-        return logits, [hidden[i] for i in hidden_layers]
+        return logits[0], [h[0] for h in in_order(hidden, hidden_layers)]
 
     @torch.inference_mode()
     def commit(self, start: int, path: list[int]) -> None:

@@ -80,7 +80,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def cache_key(target, threads: int | None = None) -> str:
-    """What a measurement on this target depends on, as a file name: target, dtype, device, CPU threads."""
+    """What a measurement on this target depends on, as a file name: target, dtype, device, CPU threads, and
+    whether the engine is compiled."""
     threads = threads or torch.get_num_threads()
     device = str(target.device).replace(":", "")
-    return f"{target.name}-{dtype_name(target.dtype)}-{device}-threads{threads}"
+    compiled = "-compiled" if getattr(target, "compiled", False) else ""
+    return f"{target.name}-{dtype_name(target.dtype)}-{device}-threads{threads}{compiled}"
