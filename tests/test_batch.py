@@ -20,9 +20,9 @@ from drafters_for_tests import RandomTreeDrafter
 VOCAB = 3 + len(CHARS)
 
 
-def make_target(layers=()) -> Target:
+def make_target(layers=(), compile=False) -> Target:
     return Target(tiny_llama(vocab_size=VOCAB, logit_scale=4.0), char_tokenizer(), name="tiny",
-                  feature_layers=layers)
+                  feature_layers=layers, compile=compile)
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -95,9 +95,14 @@ REQUESTS = [(12, 40, "lookup", 0), (3, 25, "tree01", 0), (30, 10, "ar", 1), (1, 
             (21, 35, "lookup", 3), (7, 20, "tree01", 6), (16, 28, "tree2", 9)]
 
 
-def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output():
-    target, reference = make_target(), make_target()
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output(compiled):
+    from torch._dynamo.utils import counters
+
+    target, reference = make_target(compile=compiled), make_target()
     decoder = BatchDecoder(target, max_batch=4, max_rows=None)  # no cap: the same trees as batch 1
+    assert (decoder.engine.compiled is not None) == compiled
+    graphs = counters["stats"]["unique_graphs"]
     pending = [(i, *r) for i, r in enumerate(REQUESTS)]
     seqs, step, sizes = {}, 0, []
     while pending or decoder.active:
@@ -111,6 +116,7 @@ def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output():
         decoder.step()
         step += 1
     assert max(sizes) == 4 and decoder.forwards < sum(s.stats.target_calls for s in seqs.values())
+    assert counters["stats"]["unique_graphs"] == graphs  # every batch size and tree size on the graphs made at load
     for i, (length, max_new, kind, _) in enumerate(REQUESTS):
         got = seqs[i].result
         want_drafter = drafter_for(kind, i)

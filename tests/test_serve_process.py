@@ -34,7 +34,7 @@ def server(tmp_path_factory):
                              str(port), "--max-batch", "4", "--api-key", KEY, "--dtype", "float32", "--threads", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
+    deadline = time.time() + 300  # the engine compiles at load (--compile is the default)
     while True:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:

@@ -232,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $BLOCKDRAFT_API_KEY, "
                         "else no key)")
     s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    _add_compile_arg(s, default=True)
 
     x = sub.add_parser("export", help="write a drafter in vLLM's format: BPD heads as Medusa, the block drafter as DFlash")
     x.add_argument("out", metavar="DIR", help="output folder (config.json + model.safetensors)")

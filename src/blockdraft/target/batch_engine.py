@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import BlockdraftError
-from .engine import CHUNK, StaticEngine, in_order
+import time
+
+from .engine import CHUNK, StaticEngine, compiled_step, in_order
 
 
 class BatchEngine:
@@ -30,6 +32,22 @@ class BatchEngine:
         self.keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.cos = self.sin = None
+        # A compiled engine compiles batched steps too (once, here, on throwaway sequences): graphs for
+        # B >= 2 rows, one-token steps and trees. A step of one sequence runs on the engine's own graphs.
+        self.compiled = compiled_step(engine.decoder) if engine.compiled is not None else None
+        self.compile_seconds = self._compile() if self.compiled is not None and slots > 1 else 0.0
+
+    def _compile(self) -> float:
+        """Batched steps over min(slots, 3) throwaway sequences: their first calls compile."""
+        t0 = time.perf_counter()
+        rows = min(self.slots, 3)
+        for slot in range(rows):
+            self.forward(slot, [torch.zeros(11, dtype=torch.long)], [torch.arange(11)], [None], last_logits_only=True)
+        self.forward(0, [torch.zeros(1, dtype=torch.long)] * rows, [torch.arange(1)] * rows, [None] * rows)
+        self.forward(0, [torch.zeros(7, dtype=torch.long)] * rows, [torch.arange(7)] * rows, [None] * rows)
+        for slot in range(rows):
+            self.reset(slot)
+        return time.perf_counter() - t0
 
     @property
     def capacity(self) -> int:
@@ -75,7 +93,7 @@ class BatchEngine:
         n = max(sizes)
         starts = torch.tensor([self.lengths[s] for s in slots])
         end = int(starts.max()) + n  # pad rows are written too (after each prefix), then overwritten later
-        self._reserve(end)
+        self._reserve(end + 1)  # one to spare: see StaticEngine.forward
         device = w.embed.device
         tok = torch.zeros(B, n, dtype=torch.long)
         pos = torch.zeros(B, n, dtype=torch.long)
@@ -95,8 +113,17 @@ class BatchEngine:
         write_pos = (starts[:, None] + torch.arange(n)[None, :]).reshape(-1).to(device)
 
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
-        logits, hidden = w.decoder(tok, cos, sin, mask, self.keys, self.values, write_slot, write_pos, first, end,
-                                   tuple(hidden_layers), last_logits_only)
+        if self.compiled is not None and first == 0 and not last_logits_only:  # a step (prefills stay eager)
+            if B > 1:
+                logits, every_layer = self.compiled(tok, cos, sin, mask, self.keys, self.values, write_slot,
+                                                    write_pos, end)
+            else:  # slot 0 alone: the one-sequence graphs, on a view of its buffers (a lone token sees its prefix)
+                logits, every_layer = w.compiled(tok, cos, sin, None if n == 1 else mask, [k[:1] for k in self.keys],
+                                                 [v[:1] for v in self.values], write_slot, write_pos, end)
+            hidden = [every_layer[i] for i in sorted(set(hidden_layers))]
+        else:
+            logits, hidden = w.decoder(tok, cos, sin, mask, self.keys, self.values, write_slot, write_pos, first,
+                                       end, tuple(hidden_layers), last_logits_only)
         for slot, size in zip(slots, sizes, strict=False):
             self.lengths[slot] += size  # uncommitted until `commit` keeps a path of them
         return logits, in_order(hidden, hidden_layers)
