@@ -1,6 +1,6 @@
 """Verification cost of the target, per engine and dtype: t(1) and t(k)/t(1), next to the bandwidth limit.
 
-    python benchmarks/engine_costs.py [--threads 2] [--context 400] [--reps 15]
+    python benchmarks/engine_costs.py [--threads 2] [--context 400] [--reps 15] [--engines hf,static,compiled]
 
 Every engine x dtype runs interleaved in one process (a round of each, repeated), so that the noise of
 a shared machine hits them alike; medians are printed as a markdown table. The bandwidth limit is the
@@ -32,14 +32,17 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=400)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--engines", default="hf,static,compiled",
+                    help="hf: transformers' forward; static: our engine, eager; compiled: our engine, torch.compile")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ids = [1000 + (7 * i) % 20000 for i in range(args.context)]
     targets = {}
     for name in args.dtypes.split(","):
         base = Target.load("smollm2-135m", dtype=getattr(torch, name))
-        for engine in ("hf", "static"):
-            t = Target(base.model, base.tokenizer, name=base.name, engine=engine)
+        for engine in args.engines.split(","):
+            kind = "static" if engine == "compiled" else engine
+            t = Target(base.model, base.tokenizer, name=base.name, engine=kind, compile=engine == "compiled")
             t.prefill(ids)
             targets[(name, engine)] = t
     trees = {k: DraftTree.chain(1999, list(range(2000, 1999 + k))) for k in KS}
@@ -61,7 +64,7 @@ def main() -> None:
     print("\n| dtype | weight bytes per step | LM-head matmul bandwidth | bandwidth-limit step |")
     print("|---|---|---|---|")
     for name in args.dtypes.split(","):
-        model = targets[(name, "static")].model
+        model = next(t for key, t in targets.items() if key[0] == name).model
         head = model.get_output_embeddings().weight
         layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
         step_bytes = layer_bytes + head.numel() * head.element_size()

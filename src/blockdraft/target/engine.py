@@ -22,6 +22,7 @@ from . import packing
 # Llama-style decoders: RMSNorm, rotary attention with q/k/v/o projections, SiLU-gated MLP.
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 CHUNK = 512  # KV capacity grows in steps of this many tokens
+RECOMPILE_LIMIT = 256  # compiled graphs kept per process (2 per compiled target, 2 more per batch engine)
 
 
 def supports(model) -> bool:
@@ -170,8 +171,11 @@ def compiled_step(decoder: Decoder):
 
     def call(*args):
         # inductor reads `freezing` outside the scope of torch.compile(options=...): patch it for the call
-        # that compiles (and the ones that may recompile); the patch costs microseconds
-        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True):
+        # that compiles (and the ones that may recompile); the patch costs microseconds. Every compiled
+        # engine's graphs hang on the one code object of _Step.forward, whose default limit (8) a process
+        # with several compiled targets (or batch engines) would reach, and then run eager, silently.
+        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True), \
+                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             return step(*args)
 
     return call
