@@ -6,7 +6,8 @@ plumbing. This engine runs the same weights with 4 matmuls per layer (QKV and ga
 buffer preallocated in chunks that verification writes into and `commit` compacts in place, and
 nothing else. It reproduces the model's own forward (same RMSNorm, rotary embedding and SDPA
 attention; checked against it in tests/test_engine.py) for the architectures `supports` accepts;
-any other model keeps transformers' forward (`Target` falls back by itself).
+any other model keeps transformers' forward (`Target` falls back by itself). With `compile=True` the
+decoding steps run through torch.compile (`compiled_step`).
 """
 
 from __future__ import annotations
@@ -200,7 +201,6 @@ class StaticEngine:
         self.layers = self.decoder.layers
         self.heads, self.kv_heads, self.head_dim = self.decoder.heads, self.decoder.kv_heads, self.decoder.head_dim
         self.rotary = model.model.rotary_emb
-        self.compile = compile
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.cos = self.sin = None  # rotary tables [capacity, head_dim]; sin with its first half negated
