@@ -175,8 +175,11 @@ def compiled_step(decoder: Decoder):
         # that compiles (and the ones that may recompile); the patch costs microseconds. Every compiled
         # engine's graphs hang on the one code object of _Step.forward, whose default limit (8) a process
         # with several compiled targets (or batch engines) would reach, and then run eager, silently.
+        # No duck shapes: dynamo would otherwise give sizes that happen to be equal at the first call (a
+        # batch of 3 and 3 KV heads) one symbol, and recompile when they part.
         with torch._inductor.config.patch(freezing=True, cpp_wrapper=True), \
-                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
+                torch.fx.experimental._config.patch(use_duck_shape=False):
             return step(*args)
 
     return call
