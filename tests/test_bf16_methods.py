@@ -78,7 +78,10 @@ def sampling_targets(tiny):
     return target, params, laws
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+SAMPLED_TREES = ["treeflash:sample=1", "hydra:sample=1", "ddtree:sample=1"]  # children drawn from q
+
+
+@pytest.mark.parametrize("method", list(METHODS) + SAMPLED_TREES)
 def test_sampling_in_bf16_follows_the_target_distribution(sampling_targets, method):
     target, params, laws = sampling_targets
     prompt, expected = laws["copy" if method.split(":")[0] in COPYING else "plain"]

@@ -11,6 +11,7 @@ from conftest import conversations
 from safetensors.torch import load_file
 
 from blockdraft.train.block import BlockTrainConfig, train_block
+from blockdraft.train.features import FeatureStore
 from blockdraft.train.heads import HeadsTrainConfig, train_heads
 from blockdraft.train.neural import NeuralTrainConfig, train_neural
 from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash
@@ -86,7 +87,8 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
     out = tmp_path / "run"
     args = ["train", "--target", str(tiny_model_dir), "--drafter", "heads", "--data", str(tmp_path / "data.json"),
             "--max-tokens", "3000", "--valid-tokens", "300", "--num-heads", "2", "--draft-vocab", "0",
-            "--epochs", "2", "--lr", "0.003", "--stop-at-step", "5", "--out", str(out), "--dtype", "float32"]
+            "--epochs", "2", "--lr", "0.003", "--stop-at-step", "5", "--out", str(out), "--dtype", "float32",
+            "--max-len", "40"]
     assert cli.main(args) == 0
     assert sum(loaded[0]) > 0  # the first run built the stores
     assert json.loads((out / "resume" / "state.json").read_text())["step"] == 5
@@ -99,6 +101,9 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
     assert state["step"] == state["total_steps"] > 5
     run = json.loads((out / "run.json").read_text())
     assert run["drafter"] == "heads" and run["options"]["num_heads"] == 2
+    store = FeatureStore.open(run["store"])  # --max-len reached the store: no conversation is longer
+    assert run["max_len"] == store.meta["max_len"] == 40
+    assert max(b - a for a, b in store.sequences()) == 40
 
 
 def test_time_limit_stops_with_a_checkpoint_and_resumes(tiny, stores, tmp_path):

@@ -46,6 +46,21 @@ def test_feature_store_matches_the_target(tiny, stores):
     assert len(rows) > 0
     top1 = out.logits[0, rows].argmax(-1).numpy()
     assert (np.asarray(train.topk_ids[a + rows, 0]) == top1).all()
+    reference = torch.log_softmax(out.logits[0, rows].float(), -1).topk(train.topk_ids.shape[1], -1)
+    stored = torch.from_numpy(np.asarray(train.topk_logp[a + rows], dtype=np.float32))
+    assert torch.allclose(stored, reference.values, atol=2e-3)  # full-vocabulary log-probs, in fp16
+
+
+def test_teacher_top_k_in_row_chunks_equals_the_full_softmax():
+    from blockdraft.train.features import teacher_topk
+
+    head = torch.nn.Linear(16, 300, bias=False)
+    states = torch.randn(150, 16, generator=torch.Generator().manual_seed(0))  # three chunks of 64
+    ids, logp = teacher_topk(head, states, 5)
+    with torch.no_grad():
+        reference = torch.log_softmax(head(states), -1).topk(5, -1)
+    assert torch.equal(ids, reference.indices) and torch.allclose(logp, reference.values, atol=1e-5)
+    assert teacher_topk(head, states[:0], 5)[0].shape == (0, 5)
 
 
 @pytest.mark.parametrize("kind", ["heads", "block"])

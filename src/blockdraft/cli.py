@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-tokens", type=int, default=None,
                    help="training tokens (default 600k target features; 3M for ngram; datastore: all conversations)")
     t.add_argument("--valid-tokens", type=int, default=None, help="held-out tokens for validation (default 30k)")
+    t.add_argument("--max-len", type=_positive_int, default=None,
+                   help="feature stores: tokens kept of each conversation (default 2048, capped at the target's "
+                        "context; shorter conversations are kept whole)")
     t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
     t.add_argument("--max-minutes", type=float, default=None,
                    help="the run's training time, counted across resumed sessions: the learning rate decays over "
@@ -308,7 +311,7 @@ def cmd_train(args) -> int:
         if saved_state(folder) is None:
             raise BlockdraftError(f"--resume: '{folder}' has no saved training state (resume/state.json)")
         before = saved_run(folder)
-        for key in ("drafter", "data", "max_tokens", "valid_tokens"):
+        for key in ("drafter", "data", "max_tokens", "valid_tokens", "max_len"):
             if getattr(args, key) is None:
                 setattr(args, key, before.get(key))
         if args.target is None:
@@ -322,7 +325,7 @@ def cmd_train(args) -> int:
     target = _load_target(args)
     train_command(target, args.drafter, args.out, data=args.data or "sharegpt", max_tokens=args.max_tokens,
                   valid_tokens=30_000 if args.valid_tokens is None else args.valid_tokens, store=args.store,
-                  resume=resume, target_arg=args.target, **options)
+                  resume=resume, target_arg=args.target, max_len=args.max_len, **options)
     print(f"wrote {args.out}")
     return 0
 

@@ -105,21 +105,23 @@ def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Draf
     """Factory for a tree method: budget=B (draft nodes), prior=A (weight of the shipped n-gram LM
     in best-first scores, 0 = off), lm=DIR (another n-gram LM), plus the base drafter's options."""
     def factory(target: Target, budget: int | str = budget, prior: float = 0.0, lm: str | None = None,
-                **options) -> Drafter:
+                sample: bool = False, **options) -> Drafter:
         from .trees.budget import cost_curve
         from .trees.drafter import TreeDrafter
 
         ngram = shipped_rescorer(target, "ngram", lm) if prior > 0 else None
         curve = cost_curve(target) if budget == "auto" else None
-        return TreeDrafter(METHODS[base][0](target, **options), builder, budget, ngram, prior, cost_curve=curve)
+        return TreeDrafter(METHODS[base][0](target, **options), builder, budget, ngram, prior, cost_curve=curve,
+                           sample=sample, vocab_size=target.vocab_size)
     return factory
 
 
 def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
     """Factory for a parent-conditioned tree method: the base drafter (its options) + its AR-approximation
-    module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K)."""
+    module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K);
+    sample=1: at T > 0 children are sampled from the module's distribution, with q (trees/sampled.py)."""
     def factory(target: Target, module: str | None = None, budget: int | str = 16, parents: int = 8,
-                children: int = 8, **options) -> Drafter:
+                children: int = 8, sample: bool = False, **options) -> Drafter:
         from .drafters.treeflash import TreeFlashDrafter
         from .trees.budget import cost_curve
 
@@ -127,7 +129,7 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
         folder = module or shipped_checkpoint(target, method, train_as)
         curve = cost_curve(target) if budget == "auto" else None
         return TreeFlashDrafter.from_pretrained(folder, target, drafter, budget=budget, parents=parents,
-                                                children=children, cost_curve=curve)
+                                                children=children, cost_curve=curve, sample=sample)
     return factory
 
 

@@ -159,7 +159,8 @@ class BatchDecoder:
             t0 = time.perf_counter()
             depth = self._room(seq)
             try:
-                tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth, seq.verified))
+                tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth, seq.verified,
+                                                         seq.acceptor.params.temperature, seq.gen))
             except Exception as e:  # one drafter's failure ends its own sequence, not the batch's
                 seq.error = e
                 self.remove(seq)

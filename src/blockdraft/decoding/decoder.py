@@ -73,7 +73,8 @@ class SpeculativeDecoder:
                 break
 
             t0 = time.perf_counter()
-            tree = self.drafter.propose(DraftContext(tokens, features, max_depth, verified))
+            ctx = DraftContext(tokens, features, max_depth, verified, self.acceptor.params.temperature, gen)
+            tree = self.drafter.propose(ctx)
             tree = tree.truncate(self.max_nodes or len(tree), max_depth)
             t1 = time.perf_counter()
             out = target.verify(tree)

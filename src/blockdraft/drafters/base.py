@@ -21,6 +21,10 @@ class DraftContext:
     # The previous step's tree and the target's logits at its nodes ([n, V], float32, CPU): what token
     # recycling drafts from. None on the first step.
     verified: tuple[DraftTree, torch.Tensor] | None = None
+    # The decoder's sampling temperature (0: greedy) and its generator: a drafter in sampling mode draws
+    # its drafts with them and reports their distributions in DraftTree.q (trees/sampled.py).
+    temperature: float = 0.0
+    generator: torch.Generator | None = None
 
 
 class Drafter:

@@ -26,6 +26,7 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from ..trees.budget import keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
+from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 
@@ -64,18 +65,29 @@ class TreeFlashDrafter(Drafter):
     """Base drafter + AR module: best-first trees over parent-conditioned transition tables.
 
     The base is a block drafter or BPD heads: any lattice drafter that keeps its per-depth states
-    (`last_hidden`), the target's input embeddings (`embed`) and its frozen LM head."""
+    (`last_hidden`), the target's input embeddings (`embed`) and its frozen LM head.
+
+    `sample=True`: at T > 0 the best-first tree keeps its shape, and each node's children are drawn
+    without replacement from its transition row (the module's distribution given the node's token, over
+    its top SAMPLE_SUPPORT tokens) at the decoder's temperature, with q reported for multi-draft
+    rejection (trees/sampled.py)."""
+
+    SAMPLE_SUPPORT = 32  # tokens of each transition row a sampled child may be drawn from
 
     name = "treeflash"
     kind = "arapprox"
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
-                 children: int = 8, cost_curve: dict[int, float] | None = None):
+                 children: int = 8, cost_curve: dict[int, float] | None = None, sample: bool = False,
+                 vocab_size: int | None = None):
         budget = node_budget(budget, cost_curve)  # budget 'auto': build to the curve's largest B, keep the best
         if parents < 1 or children < 1:
             raise BlockdraftError(f"parents and children must be at least 1, got {parents} and {children}")
         self.base, self.module = base, module.eval()
         self.budget, self.parents, self.children = budget, parents, children
+        if sample and vocab_size is None:
+            raise BlockdraftError("sampled TreeFlash trees need the target's vocabulary size")
+        self.sample, self.vocab_size = sample, vocab_size
         self.cost_curve = cost_curve
         self.feature_layers = base.feature_layers
         self.last_lattice = None
@@ -90,7 +102,7 @@ class TreeFlashDrafter(Drafter):
                                   f"not on a '{base.kind}' drafter")
         module = ARApproxModule(cfg)
         load_weights(module, state, folder, target)  # in the target's dtype, on its device
-        return cls(base, module, **kw)
+        return cls(base, module, vocab_size=target.vocab_size, **kw)
 
     def save_pretrained(self, folder, target) -> None:
         save_drafter(folder, self.kind, self.module, self.base.lm_head, target)
@@ -105,8 +117,10 @@ class TreeFlashDrafter(Drafter):
         return self.base.lattice(ctx)
 
     @torch.inference_mode()
-    def transitions(self, root: int, lattice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(parents [D, M], child tokens [D, M, K], child log-probs [D, M, K]); depth 0's only parent is the root."""
+    def transitions(self, root: int, lattice, width: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(parents [D, M], child tokens [D, M, K], child log-probs [D, M, K]) with K = `width` (default:
+        `children`); depth 0's only parent is the root."""
         D = lattice.depth
         M = min(self.parents, lattice.tokens.shape[1])
         parents = torch.cat([torch.full((1, M), root), lattice.tokens[: D - 1, :M]])  # [D, M], on the CPU
@@ -114,7 +128,7 @@ class TreeFlashDrafter(Drafter):
         emb = self.base.embed[parents.to(self.base.embed.device)]
         states = self.module(h[:, None].expand(D, M, -1), emb.to(h.dtype))
         logp = torch.log_softmax(self.base.lm_head(states).float(), -1)
-        top = logp.topk(min(self.children, logp.shape[-1]), -1)
+        top = logp.topk(min(width or self.children, logp.shape[-1]), -1)
         # the tables (D x M x K ids and log-probs) go to the CPU once, for the Python tree builder
         return parents, self.base.lm_head.to_target_ids(top.indices).cpu(), top.values.cpu()
 
@@ -129,7 +143,13 @@ class TreeFlashDrafter(Drafter):
         self.last_lattice = lattice
         if lattice is None:
             return DraftTree.root_only(root), []
-        parents, tokens, logp = self.transitions(root, lattice)
+        sample = self.sample and ctx.temperature > 0
+        width = max(self.children, self.SAMPLE_SUPPORT) if sample else self.children
+        parents, tokens, logp = self.transitions(root, lattice, width)
         scores: list[float] = []
-        tree = best_first_transition_tree(root, lattice, parents, tokens, logp, self.budget, ctx.max_depth, scores)
+        tree = best_first_transition_tree(root, lattice, parents, tokens[..., : self.children],
+                                          logp[..., : self.children], self.budget, ctx.max_depth, scores)
+        if sample:  # the same shape, its children drawn from the wider rows
+            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature, drafting_generator(ctx),
+                                        self.vocab_size, parents, tokens, logp)
         return tree, scores

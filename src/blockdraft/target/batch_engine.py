@@ -120,13 +120,14 @@ class BatchEngine:
             else:  # slot 0 alone: the one-sequence graphs, on a view of its buffers (a lone token sees its prefix)
                 logits, every_layer = w.compiled(tok, cos, sin, None if n == 1 else mask, [k[:1] for k in self.keys],
                                                  [v[:1] for v in self.values], write_slot, write_pos, end)
-            hidden = [every_layer[i] for i in sorted(set(hidden_layers))]
+            hidden = [every_layer[i] for i in hidden_layers]
         else:
-            logits, hidden = w.decoder(tok, cos, sin, mask, self.keys, self.values, write_slot, write_pos, first,
-                                       end, tuple(hidden_layers), last_logits_only)
+            logits, ascending = w.decoder(tok, cos, sin, mask, self.keys, self.values, write_slot, write_pos, first,
+                                          end, tuple(hidden_layers), last_logits_only)
+            hidden = in_order(ascending, hidden_layers)
         for slot, size in zip(slots, sizes, strict=False):
             self.lengths[slot] += size  # uncommitted until `commit` keeps a path of them
-        return logits, in_order(hidden, hidden_layers)
+        return logits, hidden
 
     @torch.inference_mode()
     def commit(self, slot: int, start: int, path: list[int]) -> None:

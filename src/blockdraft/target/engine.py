@@ -134,7 +134,7 @@ class Decoder(nn.Module):
         last = len(self.layers)
         if last in hidden_layers:
             hidden[last] = x
-        return self.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in sorted(hidden_layers)]
+        return self.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in sorted(set(hidden_layers))]
 
 
 def in_order(states: list[torch.Tensor], hidden_layers) -> list[torch.Tensor]:
@@ -277,12 +277,13 @@ class StaticEngine:
             # a copy, not a view: a view's offset into its base would be guarded on, and recompiled for
             logits, every_layer = self.compiled(tokens[None].clone(), cos, sin, mask, self.keys, self.values, slot,
                                                 write, end)
-            hidden = [every_layer[i] for i in sorted(set(hidden_layers))]
+            hidden = [every_layer[i] for i in hidden_layers]
         else:
-            logits, hidden = self.decoder(tokens[None], cos, sin, mask, self.keys, self.values, slot, write, 0, end,
-                                          tuple(hidden_layers), last_logits_only, causal)
+            logits, ascending = self.decoder(tokens[None], cos, sin, mask, self.keys, self.values, slot, write, 0,
+                                             end, tuple(hidden_layers), last_logits_only, causal)
+            hidden = in_order(ascending, hidden_layers)
         self.length = end
-        return logits[0], [h[0] for h in in_order(hidden, hidden_layers)]
+        return logits[0], [h[0] for h in hidden]
 
     @torch.inference_mode()
     def commit(self, start: int, path: list[int]) -> None:

@@ -22,7 +22,7 @@ class BlockTrainConfig:
     draft_vocab: int = 8192
     epochs: float = 1.0
     lr: float = 1e-3
-    anchors_per_seq: int = 64
+    anchors_per_seq: int = 0  # 0: one per gamma - 1 reply positions (an epoch trains each reply token ~once)
     seqs_per_step: int = 1
     max_minutes: float = 0.0
     stop_at_step: int = 0
@@ -83,10 +83,17 @@ def block_hidden(model: BlockModel, embed: torch.Tensor, feats, roots, pos, allo
     return h.view(len(roots), g, -1)[:, 1:]
 
 
-def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Generator) -> np.ndarray:
+AUTO_ANCHORS = 128
+
+
+def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Generator, gamma: int = 8) -> np.ndarray:
+    """`k` random reply positions of sequence [a, b) to start blocks at; k = 0: one per gamma - 1 of them,
+    so that the blocks' trained positions cover the replies about once (long conversations get more, up
+    to AUTO_ANCHORS: the dense block mask's cost grows with anchors x context)."""
     cand = np.nonzero(np.asarray(store.assistant[a : b - 1]))[0]
     if len(cand) == 0:
         return cand
+    k = k or min(AUTO_ANCHORS, -(-len(cand) // (gamma - 1)))
     return np.sort(rng.choice(cand, size=min(k, len(cand)), replace=False))
 
 
@@ -128,7 +135,7 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
             total, n_anchors = None, 0
             for j in group:
                 a, b = seqs[j]
-                anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
+                anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng, cfg.gamma)
                 if len(anchors) == 0:
                     continue
                 feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, cfg.gamma, anchors,

@@ -31,24 +31,29 @@ DRAFTERS = {
 }
 
 
-def store_folder(target, data: str, split: str, max_tokens: int) -> Path:
-    """Where a feature store lives by default: in the cache, keyed by target, data file, split and size."""
+DEFAULT_MAX_LEN = 2048  # tokens of a conversation a feature store keeps: ShareGPT's median is ~1,000
+
+
+def store_folder(target, data: str, split: str, max_tokens: int, max_len: int = DEFAULT_MAX_LEN) -> Path:
+    """Where a feature store lives by default: in the cache, keyed by target, data file, split, size and the
+    conversation length kept."""
     key = hashlib.sha1(f"{target.name}:{data}".encode()).hexdigest()[:8]
-    return cache_dir() / "features" / f"{target.name}-{key}-{split}-{max_tokens}"
+    return cache_dir() / "features" / f"{target.name}-{key}-{split}-{max_tokens}-len{max_len}"
 
 
 def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, valid_tokens: int = 30_000,
-                   store: str | None = None, max_len: int = 512, valid_store: str | None = None):
+                   store: str | None = None, max_len: int | None = None, valid_store: str | None = None):
     """(train store, validation store) for `target`, built on first use (reused as they are once complete).
     Validation conversations are held out by id (see data.sharegpt.split_conversations); Spec-Bench is never
-    used for training."""
+    used for training. Conversations are kept whole up to `max_len` tokens (and the target's context)."""
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
+    max_len = min(max_len or DEFAULT_MAX_LEN, target.max_length)
     path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
-    train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens)
+    train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens, max_len)
     valid_dir = Path(valid_store) if valid_store else train_dir.parent / (train_dir.name + "-valid") if store else (
-        store_folder(target, path, "valid", valid_tokens))
+        store_folder(target, path, "valid", valid_tokens, max_len))
     train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len)
     valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len) if valid_tokens else None
     return train_store, valid_store
@@ -83,7 +88,7 @@ def saved_run(out) -> dict:
 
 
 def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, valid_tokens=30_000,
-                  store=None, resume=False, target_arg: str | None = None, **options):
+                  store=None, resume=False, target_arg: str | None = None, max_len: int | None = None, **options):
     """Train a drafter (`heads`, `block`) or a rescoring LM (`neural`, `ngram`) and save it to `out`.
 
     A resumed run reuses the feature stores it was started with (their paths are in OUT/run.json):
@@ -96,11 +101,11 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
     max_tokens = max_tokens or 600_000
     before = saved_run(out) if resume else {}
     train_store, valid_store = prepare_stores(target, data, max_tokens, valid_tokens, store or before.get("store"),
-                                              valid_store=None if store else before.get("valid_store"))
+                                              max_len, valid_store=None if store else before.get("valid_store"))
     Path(out).mkdir(parents=True, exist_ok=True)
     record = {"drafter": drafter, "target": target.name, "target_arg": target_arg,
               "data": data if data == "sharegpt" else str(Path(data).resolve()),
-              "max_tokens": max_tokens,
+              "max_tokens": max_tokens, "max_len": train_store.meta["max_len"],
               "valid_tokens": valid_tokens, "store": str(train_store.path),
               "valid_store": str(valid_store.path) if valid_store else None,
               # --stop-at-step is where this invocation pauses, not part of the run: a resume would stop at once

@@ -25,7 +25,7 @@ class TreeFlashTrainConfig:
     inner_size: int = 1152
     epochs: float = 2.0
     lr: float = 1e-3
-    anchors_per_seq: int = 64
+    anchors_per_seq: int = 0  # on a block drafter; 0: one per gamma - 1 reply positions (train/block.py)
     max_minutes: float = 0.0
     stop_at_step: int = 0
     seed: int = 0
@@ -83,7 +83,7 @@ def batch_source(base, store: FeatureStore, cfg: "TreeFlashTrainConfig"):
 
     def one_sequence(j, rng):
         a, b = seqs[int(j[0])]
-        anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng)
+        anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng, base.config.gamma)
         return module_batch(base, store, a, b, cols, anchors) if len(anchors) else None
 
     return np.arange(len(seqs)), 1, one_sequence

@@ -6,6 +6,7 @@ from ..drafters.base import DraftContext, Drafter
 from ..errors import BlockdraftError
 from .budget import keep_best, node_budget
 from .builders import DEFAULT_STATIC_PATHS, best_first_tree, static_tree
+from .sampled import drafting_generator, sampled_tree
 from .tree import DraftTree
 
 BUILDERS = ("static", "best")
@@ -18,10 +19,15 @@ class TreeDrafter(Drafter):
     With a `cost_curve` (budget 'auto', best-first only) every step builds up to the curve's
     largest budget and keeps the best B for which the expected accepted tokens per unit of
     verification time is highest (trees/budget.py).
+
+    `sample=True` (best-first only): at T > 0 the best-first tree's nodes are refilled with children
+    drawn from the depth's temperature-adjusted marginal without replacement, and their q is reported
+    (trees/sampled.py); at T = 0 the tree is the deterministic one. `vocab_size` (the target's) sizes q.
     """
 
     def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
-                 paths=DEFAULT_STATIC_PATHS, cost_curve: dict[int, float] | None = None):
+                 paths=DEFAULT_STATIC_PATHS, cost_curve: dict[int, float] | None = None, sample: bool = False,
+                 vocab_size: int | None = None):
         if builder not in BUILDERS:
             raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
         if cost_curve is not None and builder != "best":
@@ -32,7 +38,10 @@ class TreeDrafter(Drafter):
         if not hasattr(base, "lattice"):
             raise BlockdraftError(f"drafter '{base.name}' has no top-k lattice to build trees from")
         self.base, self.builder, self.budget, self.prior, self.alpha = base, builder, budget, prior, alpha
+        if sample and (builder != "best" or vocab_size is None):
+            raise BlockdraftError("sampled trees need the best-first builder (and the target's vocabulary size)")
         self.paths, self.cost_curve = paths, cost_curve
+        self.sample, self.vocab_size = sample, vocab_size
         self.feature_layers = base.feature_layers
 
     def reset(self, prompt_ids) -> None:
@@ -47,5 +56,8 @@ class TreeDrafter(Drafter):
             return static_tree(root, lattice, self.paths, self.budget, ctx.max_depth)
         scores: list[float] = []
         tree = best_first_tree(root, lattice, self.budget, ctx.max_depth, self.prior, self.alpha, ctx.tokens, scores)
+        if self.sample and ctx.temperature > 0:
+            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature, drafting_generator(ctx),
+                                        self.vocab_size)
         # with a prior the scores mix in n-gram log-probs: read exp(score) as a rough acceptance estimate
         return keep_best(tree, scores, self.cost_curve)
