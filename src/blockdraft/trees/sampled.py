@@ -81,20 +81,21 @@ def sampled_tree(shape: DraftTree, shape_scores: list[float], lattice: DraftLatt
     shape_parents, wanted = shape.parents.tolist(), [len(c) for c in shape.children]
     out_tokens, out_parents, node_depth, sibling_index = [int(shape.tokens[0])], [-1], [0], [0]
     new_index: list[int | None] = [0]  # shape node -> tree node (None: dropped)
-    draws: dict[int, tuple] = {}  # tree node -> (support, q, draw order, [children drawn so far])
+    draws: dict[int, tuple] = {}  # tree node -> (support, q, draw order)
+    taken: dict[int, int] = {}  # tree node -> children placed so far
     kept_scores = []
     for s in range(1, len(shape)):
         p = shape_parents[s]
         v = new_index[p]
         if v is not None and v not in draws:
             support, q = row(out_tokens[v], node_depth[v])
-            draws[v] = (support, q, draw_order(q, wanted[p], generator), [0])  # the last: children so far
-        if v is None or draws[v][3][0] >= len(draws[v][2]):
+            draws[v], taken[v] = (support, q, draw_order(q, wanted[p], generator)), 0
+        if v is None or taken[v] >= len(draws[v][2]):
             new_index.append(None)
             continue
-        support, _, order, so_far = draws[v]
-        i = so_far[0]
-        so_far[0] += 1
+        support, _, order = draws[v]
+        i = taken[v]
+        taken[v] += 1
         kept_scores.append(shape_scores[s - 1])
         new_index.append(len(out_tokens))
         out_tokens.append(int(support[order[i]]))
@@ -112,7 +113,7 @@ def _q_rows(parents: list[int], sibling_index: list[int], draws: dict, vocab_siz
     q = torch.zeros(len(parents), vocab_size)
     q[0] = float("nan")
     for c in range(1, len(parents)):
-        support, prob, order, _ = draws[parents[c]]
+        support, prob, order = draws[parents[c]]
         p = prob.copy()
         p[order[: sibling_index[c]]] = 0.0
         q[c, torch.from_numpy(support.astype(np.int64))] = torch.from_numpy((p / p.sum()).astype(np.float32))
