@@ -36,6 +36,9 @@ from ..data.chat import chat_token_ids, check_chat_template, has_chat_template, 
 from ..errors import BlockdraftError
 
 
+DEFAULT_MAX_LEN = 2048  # tokens of a conversation a feature store keeps: ShareGPT's median is ~1,000
+
+
 def default_feature_layers(num_layers: int, n: int = 5) -> tuple[int, ...]:
     """DFlash's choice: n layers evenly spaced from layer 1 to L-3, plus the final (normed) layer L.
 
@@ -118,7 +121,7 @@ class FeatureStore:
 
 
 @torch.inference_mode()
-def build_store(target, records, out_dir, max_tokens: int, max_len: int = 512, top_k: int = 32,
+def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAULT_MAX_LEN, top_k: int = 32,
                 layers: tuple[int, ...] | None = None, seed: int = 0) -> FeatureStore:
     """Run `target` over conversations until `max_tokens` tokens are stored. Resumable: meta.json is
     rewritten every few conversations and a rerun continues after the last stored one."""
@@ -212,9 +215,7 @@ def teacher_topk(head: torch.nn.Module, states: torch.Tensor, k: int, chunk: int
         values, top = logits.topk(k, dim=-1)
         ids.append(top)
         logp.append(values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
-    if not ids:
-        return torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
-    return torch.cat(ids), torch.cat(logp)
+    return torch.cat(ids), torch.cat(logp)  # no rows: one empty chunk, so still [0, k]
 
 
 def _flush(meta_path: Path, meta: dict, arrays) -> None:

@@ -14,7 +14,7 @@ from ..target.loading import cache_dir
 from .block import BlockTrainConfig, train_block
 from .common import saved_state
 from .datastore import DatastoreTrainConfig, train_datastore
-from .features import build_store
+from .features import DEFAULT_MAX_LEN, build_store
 from .heads import HeadsTrainConfig, train_heads
 from .neural import NeuralTrainConfig, train_neural
 from .ngram import NGramTrainConfig, train_ngram
@@ -29,9 +29,6 @@ DRAFTERS = {
     "datastore": (DatastoreTrainConfig, train_datastore),
     "treeflash": (TreeFlashTrainConfig, train_treeflash),
 }
-
-
-DEFAULT_MAX_LEN = 2048  # tokens of a conversation a feature store keeps: ShareGPT's median is ~1,000
 
 
 def store_folder(target, data: str, split: str, max_tokens: int, max_len: int = DEFAULT_MAX_LEN) -> Path:
