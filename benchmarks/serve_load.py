@@ -3,6 +3,11 @@
     blockdraft serve --max-batch 8 &
     python benchmarks/serve_load.py [--url http://127.0.0.1:8000] [--requests 200] [--concurrency 1,4,8]
                                     [--max-tokens 64] [--method lookup] [--api-key KEY]
+    python benchmarks/serve_load.py --in-process [--threads 2] ...   # the same requests, no server
+
+`--in-process` decodes the same requests with `BatchDecoder` in this process, each concurrency level as
+closed-loop clients (a finished request is replaced by the next before the next step): the ceiling the
+server would reach if HTTP, the event loop and the client cost nothing.
 
 Requests are chat completions of Spec-Bench first turns (cycled), greedy. Per concurrency: answers and
 errors, p50/p95 latency, total generated tokens/s, and the ratio to concurrency 1. Every request must get
@@ -28,7 +33,8 @@ def run_level(url: str, prompts: list[str], n: int, concurrency: int, args) -> d
                           limits=httpx.Limits(max_connections=concurrency))
 
     def one(i: int):
-        body = {"messages": [{"role": "user", "content": prompts[i % len(prompts)]}], "max_tokens": args.max_tokens}
+        body = {"model": args.model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+                "max_tokens": args.max_tokens, "temperature": 0}
         if args.method:
             body["method"] = args.method
         t0 = time.perf_counter()
@@ -56,6 +62,29 @@ def run_level(url: str, prompts: list[str], n: int, concurrency: int, args) -> d
             "statuses": sorted({status for *_, status in results if status != 200})}
 
 
+def run_level_in_process(target, drafter, prompts: list[str], n: int, concurrency: int, args) -> dict:
+    from blockdraft.decoding import BatchDecoder
+
+    batch = BatchDecoder(target, max_batch=args.max_batch)  # as the server's: its slots, `concurrency` of them used
+    pending, started, done = list(range(n)), {}, {}
+    t0 = time.perf_counter()
+    while pending or batch.active:
+        while pending and len(batch.active) < concurrency:
+            i = pending.pop(0)
+            ids = target.encode_chat([{"role": "user", "content": prompts[i % len(prompts)]}])
+            started[i] = time.perf_counter()
+            batch.add(ids, drafter, max_new_tokens=args.max_tokens, seed=0, tag=i)
+        for seq in batch.step():
+            done[seq.tag] = (time.perf_counter() - started[seq.tag], seq.result)
+    wall = time.perf_counter() - t0
+    latencies = sorted(lat for lat, _ in done.values())
+    return {"concurrency": concurrency, "answered": len(done), "errors": n - len(done),
+            "lost_or_duplicated": sorted(done) != list(range(n)),
+            "p50": statistics.median(latencies), "p95": latencies[max(0, int(0.95 * len(latencies)) - 1)],
+            "tokens_per_s": sum(len(r.tokens) for _, r in done.values()) / wall, "wall_s": wall,
+            "texts": {i: r.text for i, (_, r) in done.items()}, "statuses": []}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -64,9 +93,29 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--method", default=None, help="per-request method (default: the server's)")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--model", default=None, help="the model name sent (default: the server's first in /v1/models)")
+    p.add_argument("--in-process", action="store_true", help="decode the same requests here with BatchDecoder "
+                   "(no server): the server's ceiling")
+    p.add_argument("--threads", type=int, default=2, help="torch threads with --in-process")
+    p.add_argument("--max-batch", type=int, default=8, help="the batch's slots with --in-process (as serve's)")
     args = p.parse_args()
     prompts = [q.turns[0] for q in load_questions(None)]
-    levels = [run_level(args.url, prompts, args.requests, int(c), args) for c in args.concurrency.split(",")]
+    if args.in_process:
+        import torch
+
+        from blockdraft.api import load_target
+        from blockdraft.methods import make_drafter
+
+        torch.set_num_threads(args.threads)
+        target = load_target(None, compile=True)
+        drafter = make_drafter(args.method or "lookup", target)
+        levels = [run_level_in_process(target, drafter, prompts, args.requests, int(c), args)
+                  for c in args.concurrency.split(",")]
+    else:
+        if args.model is None:  # OpenAI's API (and vLLM) require it; blockdraft serve checks it
+            headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+            args.model = httpx.get(args.url + "/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
+        levels = [run_level(args.url, prompts, args.requests, int(c), args) for c in args.concurrency.split(",")]
     base = levels[0]
     print("| concurrency | answered | errors | p50 latency (s) | p95 latency (s) | tokens/s | vs first |")
     print("|---|---|---|---|---|---|---|")

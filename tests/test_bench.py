@@ -40,10 +40,10 @@ class OutputChanger:
 
 
 def test_bench_end_to_end(tiny_model_dir, question_file, tmp_path, monkeypatch, capsys):
-    def patched(name, target, params, acceptor=None):
+    def patched(name, target, params, acceptor=None, pace=False):
         if name == "broken":
             return OutputChanger(make_runner("ar", target, params, acceptor))
-        return make_runner(name, target, params, acceptor)
+        return make_runner(name, target, params, acceptor, pace)
 
     monkeypatch.setattr(bench_run, "make_runner", patched)
     monkeypatch.setitem(METHODS, "broken", (None, "test only"))
@@ -51,7 +51,7 @@ def test_bench_end_to_end(tiny_model_dir, question_file, tmp_path, monkeypatch, 
     out = tmp_path / "out"
     rc = main(["bench", "--questions", str(question_file), "--methods", "ar,hf,hf-lookup,lookup,broken,known",
                "--target", str(tiny_model_dir), "--max-new-tokens", "10", "--out", str(out),
-               "--per-category", "1", "--dtype", "float32"])
+               "--per-category", "1", "--dtype", "float32", "--no-pace"])  # exact call counts below
     assert rc == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results) >= {"config", "methods"}

@@ -32,7 +32,9 @@ def test_generate_json_on_tiny_model(tiny_model_dir, capsys, monkeypatch):
     lookup = generate_json(capsys, tiny_model_dir, "--method", "lookup")
     assert lookup["method"] == "lookup" and lookup["tokens"] == ar["tokens"] and lookup["text"] == ar["text"]
     # a drafter right for exactly 2 tokens per step: 3 tokens per target call, the last call takes the rest
-    known = generate_json(capsys, tiny_model_dir, "--method", "known")
+    known = generate_json(capsys, tiny_model_dir, "--method", "known", "--no-pace")  # pacing would change the count
+    paced = generate_json(capsys, tiny_model_dir, "--method", "known")
+    assert paced["tokens"] == ar["tokens"] and 0 <= paced["plain_steps"] <= paced["target_calls"]
     n = ar["new_tokens"]
     assert known["tokens"] == ar["tokens"] and n > 3
     assert known["target_calls"] == math.ceil(n / 3) and known["tau"] == pytest.approx(n / math.ceil(n / 3))

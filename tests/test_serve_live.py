@@ -151,3 +151,49 @@ def test_at_shutdown_every_queued_request_gets_an_answer(max_batch, monkeypatch)
     assert len(finals) == 6 and not scheduler.alive
     assert ("error", 503) in finals  # the queued ones were told the server is shutting down
     assert all(kind == "done" or status == 503 for kind, status in finals)
+
+
+def test_without_its_own_thread_the_scheduler_decodes_in_the_thread_that_runs_it():
+    """blockdraft serve decodes on the main thread (serve/server.py: a second OpenMP team slows every op)."""
+    import asyncio
+    import threading
+
+    from blockdraft.serve.scheduler import Job, Scheduler
+    from blockdraft.serve.schemas import GenerationRequest
+    from blockdraft.verify import SamplingParams
+
+    target = chat_target()
+    scheduler = Scheduler(target, "ar", max_batch=2, own_thread=False)
+    decoded_on, ready = [], threading.Event()
+    real_prepare = type(scheduler).prepare
+
+    def prepare(self):
+        real_prepare(self)
+        step = self.batch.step
+
+        def traced_step():
+            decoded_on.append(threading.current_thread())
+            return step()
+
+        self.batch.step = traced_step
+
+    scheduler.prepare = prepare.__get__(scheduler)
+
+    async def client():
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, ready.wait)
+        job = Job(GenerationRequest(target.encode("abc", chat_template=False), 5, SamplingParams(), "ar"), loop)
+        scheduler.submit(job)
+        while (event := await asyncio.wait_for(job.next(), 30))[0] not in ("done", "error", "cancelled"):
+            pass
+        await loop.run_in_executor(None, scheduler.stop)
+        return event
+
+    result = {}
+    http = threading.Thread(target=lambda: result.update(event=asyncio.run(client())))
+    http.start()
+    scheduler.run(on_ready=ready.set)  # returns once the client's stop() has ended it
+    http.join(30)
+    assert result["event"][0] == "done" and len(result["event"][1].tokens) == 5
+    assert decoded_on and all(t is threading.main_thread() for t in decoded_on)
+    assert not scheduler._thread.is_alive() and not scheduler.alive

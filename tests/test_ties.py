@@ -100,8 +100,8 @@ def test_bench_in_bf16_catches_a_wrong_method_and_passes_a_correct_one(tiny_mode
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(ties, "TOKENS", 96)
 
-    def patched(name, target, params, acceptor=None):
-        return WrongRunner(target, params) if name == "wrong" else make_runner(name, target, params, acceptor)
+    def patched(name, target, params, acceptor=None, pace=False):
+        return WrongRunner(target, params) if name == "wrong" else make_runner(name, target, params, acceptor, pace)
 
     monkeypatch.setattr(bench_run, "make_runner", patched)
     monkeypatch.setitem(__import__("blockdraft.methods").methods.METHODS, "wrong", (None, "test only"))

@@ -42,6 +42,7 @@ def generate(
     chat_template: bool = True,
     stop: tuple[str, ...] = (),
     acceptor: str | None = None,
+    pace: bool = True,
     on_tokens: Callable[[list[int]], None] | None = None,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "auto",
@@ -60,5 +61,5 @@ def generate(
         tgt = load_target(target, dtype, device)
     drafter = make_drafter(method, tgt, **method_options)
     ids = tgt.encode(prompt, chat_template) if isinstance(prompt, str) else list(prompt)
-    decoder = SpeculativeDecoder(tgt, drafter, params, acceptor)
+    decoder = SpeculativeDecoder(tgt, drafter, params, acceptor, pace=pace)
     return decoder.generate(ids, max_new_tokens, stop_strings=tuple(stop), seed=seed, on_tokens=on_tokens)

@@ -77,6 +77,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", default=None, type=_budget,
                    help="draft nodes per tree for the tree methods (medusa, bpd-tree, ddtree, treeflash, hydra; "
                         "default 16), or 'auto': measure this machine's verification cost once and pick per step")
+    p.add_argument("--pace", action=argparse.BooleanOptionalAction, default=True,
+                   help="take plain one-token steps while they are measured faster than drafting, e.g. at long "
+                        "contexts (default on; the output is the same either way)")
 
 
 def _positive_int(value: str) -> int:
@@ -350,7 +353,7 @@ def cmd_bench(args) -> int:
     target = _load_target(args)
     config = BenchConfig(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed or 0, acceptor=args.acceptor,
+        top_k=args.top_k, seed=args.seed or 0, acceptor=args.acceptor, pace=args.pace,
         question_file=str(args.questions or default_question_file()), per_category=args.per_category,
         target=target.name, threads=args.threads or torch.get_num_threads(),
     )
@@ -403,7 +406,7 @@ def cmd_generate(args) -> int:
     from .methods import with_budget
 
     drafter = make_drafter(with_budget(args.method, args.budget), target)
-    decoder = SpeculativeDecoder(target, drafter, params, args.acceptor)
+    decoder = SpeculativeDecoder(target, drafter, params, args.acceptor, pace=args.pace)
     ids = target.encode(prompt, chat_template=not args.no_chat_template)
     streamer = None if args.json else TextStreamer(target.decode, args.stop)
     result = decoder.generate(ids, args.max_new_tokens, tuple(args.stop), args.seed, on_tokens=streamer)
@@ -418,7 +421,8 @@ def cmd_generate(args) -> int:
         streamer.finish(result.text)
     if args.stats:
         print(
-            f"[{args.method}] {s.new_tokens} tokens, {s.target_calls} target calls, tau {s.tau:.2f}, "
+            f"[{args.method}] {s.new_tokens} tokens, {s.target_calls} target calls"
+            + (f" ({s.plain_steps} plain: drafting did not pay)" if s.plain_steps else "") + f", tau {s.tau:.2f}, "
             f"{s.tokens_per_s:.1f} tokens/s, draft {s.draft_s:.2f}s verify {s.verify_s:.2f}s "
             f"prefill {s.prefill_s:.2f}s, stop: {s.stop_reason}; {dtype_name(target.dtype)} on {target.device}"
             + (f", compiled ({target.compile_seconds:.0f}s at load)" if target.compiled else ""),

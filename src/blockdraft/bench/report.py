@@ -62,15 +62,15 @@ def markdown_report(results: dict) -> str:
                  if c in m["per_category"] else "-" for c in cats]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", "## Where the time goes", "",
-            "| method | drafting | drafting per step | verifying | accepted drafts per call "
+            "| method | drafting | drafting per step | verifying | plain steps (paced) | accepted drafts per call "
             "| acceptance rate at depth 1, 2, ... |",
-            "|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|"]
     for name, m in methods.items():
         hist = ", ".join(f"{k}: {v}" for k, v in m["accepted_hist"].items()) or "-"
         rates = " ".join(f"{r:.2f}" for r in m.get("acceptance_by_depth", [])) or "-"
         per_step = f"{m['draft_ms_per_step']:.2f} ms" if m.get("draft_ms_per_step") is not None else "-"
         out.append(f"| {name} | {_fmt(m['draft_share'], '.1%')} | {per_step} | {_fmt(m['verify_share'], '.1%')} "
-                   f"| {hist} | {rates} |")
+                   f"| {_fmt(m.get('plain_step_share'), '.0%')} | {hist} | {rates} |")
     if cfg.get("ties") is not None:
         out += ["", "## Output against `ar`", "", tolerance_line(cfg), "", against_ar_table(results)]
     return "\n".join(out) + "\n"

@@ -30,6 +30,7 @@ class BenchConfig:
     top_k: int = 0
     seed: int = 0
     acceptor: str | None = None
+    pace: bool = True  # our decoders take plain steps while drafting is measured not to pay (decoding/pacer.py)
     question_file: str = ""
     per_category: int | None = None
     target: str = ""
@@ -50,6 +51,7 @@ class TurnRecord:
     verify_s: float | None
     accepted_hist: dict
     tokens: list[int]
+    plain_steps: int = 0  # of target_calls, one-token steps the pacer chose
 
 
 def machine_info() -> dict:
@@ -87,7 +89,7 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
     """
     check_methods(config.methods)
     params = SamplingParams(config.temperature, config.top_k, config.top_p)
-    runners = {m: make_runner(m, target, params, config.acceptor) for m in config.methods}
+    runners = {m: make_runner(m, target, params, config.acceptor, config.pace) for m in config.methods}
     torch.set_num_threads(config.threads)
 
     # Warm-up: the first calls pay for lazy initialisation and allocator growth; measure none of it.
@@ -122,6 +124,7 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
                         q.question_id, q.category, q.group, turn, name, len(rec.tokens), rec.target_calls,
                         rec.time_s, rec.draft_s, rec.verify_s,
                         {int(k): v for k, v in sorted(Counter(rec.accepted_hist).items())}, rec.tokens,
+                        rec.plain_steps,
                     ))
                     bar.update(1)
                     bar.set_postfix_str(f"q{q.question_id} {name} {len(rec.tokens) / rec.time_s:.1f} tok/s")

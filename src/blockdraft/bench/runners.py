@@ -29,12 +29,26 @@ class RunRecord:
     draft_s: float | None = None
     verify_s: float | None = None
     accepted_hist: Counter = field(default_factory=Counter)
+    plain_steps: int = 0  # target calls the pacer made plain one-token steps
+
+
+def split_pace(spec: str, default: bool) -> tuple[str, bool]:
+    """A method spec's `pace=` option belongs to the decoder, not the drafter ('treeflash:pace=false'
+    beside 'treeflash' compares the two in one run): the spec without it, and the pacing to use."""
+    name, *pairs = spec.split(":")
+    paces = [p.partition("=")[2].lower() for p in pairs if p.startswith("pace=")]
+    if any(v not in ("true", "false") for v in paces):
+        raise BlockdraftError(f"pace must be true or false in '{spec}'")
+    drafter_spec = ":".join([name] + [p for p in pairs if not p.startswith("pace=")])
+    return drafter_spec, (paces[-1] == "true") if paces else default
 
 
 class DecoderRunner:
-    def __init__(self, name: str, target: Target, params: SamplingParams, acceptor: str | None = None):
+    def __init__(self, name: str, target: Target, params: SamplingParams, acceptor: str | None = None,
+                 pace: bool = False):
         self.name = name
-        self.decoder = SpeculativeDecoder(target, make_drafter(name, target), params, acceptor)
+        drafter_spec, pace = split_pace(name, pace)
+        self.decoder = SpeculativeDecoder(target, make_drafter(drafter_spec, target), params, acceptor, pace=pace)
         self.lossless = self.decoder.acceptor.lossless
 
     def forget(self) -> None:
@@ -44,7 +58,8 @@ class DecoderRunner:
     def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, max_new_tokens, seed=seed)
         s = r.stats
-        return RunRecord(r.tokens, s.total_s, s.target_calls, s.draft_s, s.verify_s, Counter(s.accepted_hist))
+        return RunRecord(r.tokens, s.total_s, s.target_calls, s.draft_s, s.verify_s, Counter(s.accepted_hist),
+                         s.plain_steps)
 
 
 class HFRunner:
@@ -102,10 +117,10 @@ def check_methods(methods: list[str]) -> None:
         raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
 
 
-def make_runner(name: str, target: Target, params: SamplingParams, acceptor: str | None = None):
+def make_runner(name: str, target: Target, params: SamplingParams, acceptor: str | None = None, pace: bool = False):
     if name in HF_METHODS:
         return HFRunner(name, target, params)
     if parse_method(name)[0] in METHODS:
-        return DecoderRunner(name, target, params, acceptor)
+        return DecoderRunner(name, target, params, acceptor, pace)
     known = ", ".join([*METHODS, *HF_METHODS])
     raise BlockdraftError(f"unknown method '{name}': choose from {known}")

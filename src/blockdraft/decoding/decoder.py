@@ -8,9 +8,12 @@ from typing import Callable
 import torch
 
 from ..drafters import DraftContext, Drafter
+from ..drafters.ar import NoDrafter
 from ..errors import BlockdraftError
 from ..target import Target
+from ..trees import DraftTree
 from ..verify import Acceptor, SamplingParams, make_acceptor
+from .pacer import Pacer
 from .stats import GenerationResult, GenerationStats
 from .stopping import Stopper
 
@@ -20,6 +23,8 @@ class SpeculativeDecoder:
 
     With the greedy or a lossless sampling acceptor the output is exactly what plain
     decoding of the target would produce (greedy) or is distributed exactly like it (T > 0).
+    With `pace=True` a Pacer replaces drafting by plain one-token steps while they are measured
+    faster (long contexts); the output does not change, only the time it takes.
     """
 
     def __init__(
@@ -29,11 +34,13 @@ class SpeculativeDecoder:
         params: SamplingParams | None = None,
         acceptor: Acceptor | str | None = None,
         max_nodes: int | None = None,
+        pace: bool = False,
     ):
         self.target, self.drafter = target, drafter
         self.params = params or SamplingParams()
         self.acceptor = acceptor if isinstance(acceptor, Acceptor) else make_acceptor(acceptor, self.params)
         self.max_nodes = max_nodes  # optional cap on tree size, root included
+        self.pace = pace and not isinstance(drafter, NoDrafter)
 
     def generate(
         self,
@@ -65,6 +72,7 @@ class SpeculativeDecoder:
 
         tokens, new, verified = list(prompt_ids), [], None
         keep_chars = None
+        pacer = Pacer() if self.pace else None
         while True:
             # Each step emits accepted drafts + 1 bonus token: drafts deeper than this are wasted.
             max_depth = min(max_new_tokens - len(new), target.max_length - len(tokens)) - 1
@@ -74,8 +82,13 @@ class SpeculativeDecoder:
 
             t0 = time.perf_counter()
             ctx = DraftContext(tokens, features, max_depth, verified, self.acceptor.params.temperature, gen)
-            tree = self.drafter.propose(ctx)
-            tree = tree.truncate(self.max_nodes or len(tree), max_depth)
+            drafting = pacer is None or pacer.should_draft(len(tokens))
+            if drafting:
+                tree = self.drafter.propose(ctx)
+                tree = tree.truncate(self.max_nodes or len(tree), max_depth)
+            else:  # a plain step: the drafter takes in the context it would have drafted from
+                self.drafter.observe(ctx)
+                tree = DraftTree.root_only(tokens[-1])
             t1 = time.perf_counter()
             out = target.verify(tree)
             acc = self.acceptor.accept(tree, out.logits, gen)
@@ -84,11 +97,14 @@ class SpeculativeDecoder:
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             stats.target_calls += 1
+            stats.plain_steps += not drafting
             stats.tree_nodes += len(tree)
             stats.accepted_hist[acc.accepted_drafts] += 1
 
             verified = (tree, out.logits)
             emitted = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
+            if pacer is not None:
+                pacer.record(drafting, t2 - t0, len(emitted), len(tokens))
             features = out.features[acc.path] if out.features is not None else None
             emitted, hit_eos = stopper.cut_eos(emitted)
             n_before = len(new)

@@ -11,6 +11,7 @@ class GenerationStats:
     method: str = ""
     new_tokens: int = 0
     target_calls: int = 0  # verification passes (the prefill is counted in prefill_s, not here)
+    plain_steps: int = 0  # of those, one-token steps the pacer chose because drafting did not pay
     accepted_hist: Counter = field(default_factory=Counter)  # drafts accepted per call -> count
     tree_nodes: int = 0  # nodes verified in total, root included
     prefill_s: float = 0.0

@@ -111,6 +111,12 @@ class HybridDrafter(Drafter):
             self.learned[1].reset(prompt_ids)
         self._last = None
 
+    def observe(self, ctx: DraftContext) -> None:
+        for source in self.retrieval.values():
+            source.observe(ctx)
+        if self.learned:
+            self.learned[1].observe(ctx)
+
     def forget(self) -> None:
         for source in self.retrieval.values():
             source.forget()

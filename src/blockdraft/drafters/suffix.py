@@ -58,6 +58,9 @@ class SuffixDrafter(Drafter):
     def forget(self) -> None:
         self.outputs, self.global_index, self._tokens = [], None, None
 
+    def observe(self, ctx: DraftContext) -> None:
+        self._tokens = ctx.tokens  # what finish() adds to the global index
+
     def finish(self) -> None:
         """Add the last generation's output to the global index (called on the next reset)."""
         if self._tokens is None or len(self._tokens) <= self._prompt_len:

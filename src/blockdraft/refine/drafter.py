@@ -36,6 +36,9 @@ class RescoredDrafter(Drafter):
     def reset(self, prompt_ids) -> None:
         self.base.reset(prompt_ids)
 
+    def observe(self, ctx: DraftContext) -> None:
+        self.base.observe(ctx)
+
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]
         lattice = self.base.lattice(ctx)

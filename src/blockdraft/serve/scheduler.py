@@ -1,4 +1,4 @@
-"""The decoding worker: one background thread owns the Target (it is not thread-safe) and serves a queue of jobs."""
+"""The decoding worker: one thread owns the Target (it is not thread-safe) and serves a queue of jobs."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class Job:
 
 
 class Scheduler:
-    """Queues jobs and decodes them on one worker thread.
+    """Queues jobs and decodes them on one worker thread: its own (`start()`), or the caller's (`run()`).
 
     With `max_batch` > 1 (and a Llama-family target, which the batch engine needs) jobs are decoded by
     continuous batching: a job joins the running batch before the next step as soon as a slot is free and
@@ -80,23 +80,30 @@ class Scheduler:
     even when its drafter cannot be built, its generation fails or the server shuts down.
     """
 
-    def __init__(self, target, default_method: str, metrics: Metrics | None = None, max_batch: int = 8):
+    def __init__(self, target, default_method: str, metrics: Metrics | None = None, max_batch: int = 8,
+                 own_thread: bool = True):
         self.target, self.default_method, self.max_batch = target, default_method, max_batch
+        self.own_thread = own_thread  # False: the caller runs run() itself (blockdraft serve: the main thread)
         self.metrics = metrics or Metrics()
         self.queue: queue.Queue = queue.Queue()
         self.drafters: OrderedDict[str, object] = OrderedDict()
         self.active = 0
+        self.batch: BatchDecoder | None = None
+        self._prepared = False
         self._stopping = False
-        self._thread = threading.Thread(target=self._work, name="blockdraft-worker", daemon=True)
+        self._running = threading.Event()  # set while run() serves the queue, in whichever thread
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self.run, name="blockdraft-worker", daemon=True)
 
     # --- called from the event loop ----------------------------------------------
     def start(self) -> None:
-        if not self._thread.is_alive() and not self._stopping:
+        """Decode on a thread of the scheduler's own (with own_thread; else the caller runs run())."""
+        if self.own_thread and not self._thread.is_alive() and not self._stopping:
             self._thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._running.is_set() or self._thread.is_alive()
 
     def submit(self, job: Job) -> None:
         if self._stopping:
@@ -106,10 +113,12 @@ class Scheduler:
         self._report_load()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving: running generations and queued jobs are answered 'shutting down'; returns when the
+        worker has finished (or after `timeout`)."""
         self._stopping = True
         self.queue.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        if self._running.is_set() or self._thread.is_alive():
+            self._finished.wait(timeout)
 
     # --- the worker thread ----------------------------------------------------------
     def _report_load(self) -> None:
@@ -126,18 +135,38 @@ class Scheduler:
                 self.drafters.popitem(last=False)  # sequences decoding with it keep their own fork
         return self.drafters[method]
 
-    def _work(self) -> None:
-        batch = None
+    def prepare(self) -> None:
+        """Build the batch decoder (on a compiled target this compiles the batched steps: minutes) and the
+        launch method's drafter, so that the first request does not pay for them. Call it in the thread
+        that will run()."""
+        if self._prepared:
+            return
+        self._prepared = True
         if self.max_batch > 1:
             try:
-                batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES)
+                self.batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES)
             except BlockdraftError as e:
                 log.warning("one request at a time: %s", e)
-        if batch is not None:
-            self._work_batched(batch)
-        else:
-            self._work_single()
-        self._drain()
+        try:
+            self.drafter(self.default_method)
+        except BlockdraftError as e:  # answered per request, as for any method
+            log.warning("the launch method's drafter cannot be built: %s", e)
+
+    def run(self, on_ready=None) -> None:
+        """Serve the queue in the calling thread until stop(); `on_ready()` is called once prepared."""
+        self._running.set()
+        try:
+            self.prepare()
+            if on_ready is not None:
+                on_ready()
+            if self.batch is not None:
+                self._work_batched(self.batch)
+            else:
+                self._work_single()
+            self._drain()
+        finally:
+            self._running.clear()
+            self._finished.set()
 
     # --- continuous batching ------------------------------------------------------------
     def _work_batched(self, batch: BatchDecoder) -> None:
@@ -201,9 +230,12 @@ class Scheduler:
         except BlockdraftError as e:
             job.finish("error", APIError(400, str(e), param="method", code="invalid_method"))
             return
+        # Only a stream reads each step's tokens: a non-streamed reply waits for "done", and every event
+        # wakes the event loop, whose thread then competes with this one for the GIL
+        on_tokens = (lambda ids, accepted: job.emit("tokens", (ids, accepted))) if req.stream else None
         try:
             batch.add(req.prompt_ids, drafter, req.params, req.max_tokens, req.stop, req.seed,
-                      on_tokens=lambda ids, accepted: job.emit("tokens", (ids, accepted)), tag=job)
+                      on_tokens=on_tokens, tag=job)
         except BlockdraftError as e:
             job.finish("error", APIError(400, str(e)))
             return
@@ -259,8 +291,9 @@ class Scheduler:
             if job.cancelled.is_set() or self._stopping:
                 raise Cancelled
             # each step emits its accepted drafts, then the target's bonus token (only a stop rule can cut
-            # that bonus off, on the last step)
-            job.emit("tokens", (ids, [True] * (len(ids) - 1) + [False]))
+            # that bonus off, on the last step); only a stream reads them
+            if req.stream:
+                job.emit("tokens", (ids, [True] * (len(ids) - 1) + [False]))
 
         try:
             result = decoder.generate(req.prompt_ids, req.max_tokens, req.stop, req.seed, on_tokens=on_tokens)

@@ -47,6 +47,9 @@ class TreeDrafter(Drafter):
     def reset(self, prompt_ids) -> None:
         self.base.reset(prompt_ids)
 
+    def observe(self, ctx: DraftContext) -> None:
+        self.base.observe(ctx)
+
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]
         lattice = self.base.lattice(ctx)
