@@ -193,6 +193,39 @@ def test_block_drafter_inference_matches_training_masks(tiny, stores, trained):
         assert torch.equal(lattice.best(), expect)
 
 
+def test_block_drafter_context_cache_grows_in_place_and_takes_observed_features_late(tiny, stores, trained,
+                                                                                     monkeypatch):
+    """Pieces across several buffer growths, or held back by observe() until the next lattice(), give the
+    cache (and the draft) of one append of the whole context."""
+    from blockdraft.drafters import DraftContext, block as block_module
+
+    monkeypatch.setattr(block_module, "CONTEXT_CHUNK", 4)  # grow often
+    train, _ = stores
+    _, _, block = trained
+    a, b = next(train.sequences())
+    feats = torch.from_numpy(np.asarray(train.features[a:b][:, train.layer_slice(block.feature_layers)])).float()
+    n = min(len(feats), 23)
+    feats = feats[:n]
+    block.reset([])
+    block._append(feats[:n])
+    whole = [(k.clone(), v.clone()) for k, v in block.ctx_kv]
+    expect = block.draft_lattice(5).best()
+    block.reset([])
+    for start in range(0, n, 3):
+        block._append(feats[start : start + 3])
+    assert block.n_ctx == n and all(torch.allclose(k, k2, atol=1e-6) and torch.allclose(v, v2, atol=1e-6)
+                                    for (k, v), (k2, v2) in zip(block.ctx_kv, whole))
+    assert block._keys[0].shape[1] == 24  # grown in chunks of 4
+    block.reset([])
+    tokens = list(range(n + 1))
+    block.observe(DraftContext(tokens[: n - 4], feats[: n - 5], 4))
+    block.observe(DraftContext(tokens[: n - 1], feats[n - 5 : n - 2], 4))
+    assert block.n_ctx == 0  # nothing projected while it only observes
+    tokens[n] = 5
+    assert block.lattice(DraftContext(tokens, feats[n - 2 : n], 4)) is not None and block.n_ctx == n
+    assert torch.equal(block.last_lattice.best(), expect[: block.depth])
+
+
 @pytest.mark.parametrize("kind", ["heads", "block"])
 def test_greedy_output_equals_ar(tiny, trained, kind):
     root, _, _ = trained

@@ -42,7 +42,7 @@ def generate(
     chat_template: bool = True,
     stop: tuple[str, ...] = (),
     acceptor: str | None = None,
-    pace: bool = True,
+    pace: bool = False,
     on_tokens: Callable[[list[int]], None] | None = None,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "auto",

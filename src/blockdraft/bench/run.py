@@ -30,7 +30,7 @@ class BenchConfig:
     top_k: int = 0
     seed: int = 0
     acceptor: str | None = None
-    pace: bool = True  # our decoders take plain steps while drafting is measured not to pay (decoding/pacer.py)
+    pace: bool = False  # our decoders take plain steps while drafting is measured not to pay (decoding/pacer.py)
     question_file: str = ""
     per_category: int | None = None
     target: str = ""
