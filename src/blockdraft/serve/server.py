@@ -32,7 +32,7 @@ def run_server(target, method: str, host: str = "127.0.0.1", port: int = 8000, m
     thread has had one since the model loaded. A second thread's team puts more OpenMP threads on the
     machine than it has cores, and then libgomp stops spinning between parallel regions: every small matmul
     waits for its helper to wake. Measured here (2 cores, bf16): the same batch-decoding loop ran at 43
-    tokens/s on the main thread and 25 on a worker thread; a 8 x 576 x 1536 matmul took 64 vs 150 us.
+    tokens/s on the main thread and 25 on a worker thread; an 8 x 576 x 1536 matmul took 64 vs 150 us.
     """
     app = create_app(target, method, max_batch, api_key, own_thread=False)
     scheduler = app.state.scheduler
