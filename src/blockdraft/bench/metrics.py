@@ -99,7 +99,7 @@ def summarize(records: list, config: dict, design_lossless: dict[str, bool], com
             "new_tokens": sum(r.new_tokens for r in recs),
             "target_calls": sum(r.target_calls for r in recs),
             # target calls the pacer made one-token steps (drafting measured not to pay, decoding/pacer.py)
-            "plain_step_share": (sum(getattr(r, "plain_steps", 0) for r in recs)
+            "plain_step_share": (sum(r.plain_steps for r in recs)
                                  / max(1, sum(r.target_calls for r in recs))) if drafted else None,
             "time_s": total_time,
             "draft_share": sum(r.draft_s for r in drafted) / total_time if drafted and total_time else None,
