@@ -116,10 +116,11 @@ class Decoder(nn.Module):
         hidden = {0: x} if 0 in hidden_layers else {}
         # Grouped-query attention as plain attention over a longer query: the `group` query heads that share a
         # KV head are contiguous, so [B, heads, n, d] views as [B, kv_heads, group * n, d] (each of its rows
-        # attending under its token's mask row). SDPA's enable_gqa would instead expand every key and value
-        # `group` times. The mask goes in as an additive bias, which the CPU kernel takes faster than a bool
-        # one. Measured here (bf16, 2 threads, per layer): a batch of 8 two-node trees over 1,000 positions
-        # 1,222 us -> 546; one 17-node tree over 4,000 positions 1,045 -> 706 (benchmarks/attention_gqa.py).
+        # attending under its token's mask row). That reads each key and value once per KV head; SDPA's own
+        # enable_gqa path ran about twice as slow on this CPU for small queries over long caches. The mask goes
+        # in as an additive bias, which the CPU kernel takes faster than a bool one. Measured here (bf16, 2
+        # threads, per layer): a batch of 8 two-node trees over 1,000 positions 1,222 us -> 546; one 17-node
+        # tree over 4,000 positions 1,045 -> 706 (benchmarks/attention_gqa.py).
         group = heads // kv_heads
         if not causal and mask is not None:
             bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
