@@ -95,14 +95,8 @@ REQUESTS = [(12, 40, "lookup", 0), (3, 25, "tree01", 0), (30, 10, "ar", 1), (1, 
             (21, 35, "lookup", 3), (7, 20, "tree01", 6), (16, 28, "tree2", 9)]
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output(compiled):
-    from torch._dynamo.utils import counters
-
-    target, reference = make_target(compile=compiled), make_target()
-    decoder = BatchDecoder(target, max_batch=4, max_rows=None)  # no cap: the same trees as batch 1
-    assert (decoder.engine.compiled is not None) == compiled
-    graphs = counters["stats"]["unique_graphs"]
+def run_requests(decoder: BatchDecoder) -> tuple[dict, list[int]]:
+    """Decode REQUESTS, each joining at its step while a slot is free; returns the sequences and batch sizes."""
     pending = [(i, *r) for i, r in enumerate(REQUESTS)]
     seqs, step, sizes = {}, 0, []
     while pending or decoder.active:
@@ -115,8 +109,11 @@ def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output(com
         sizes.append(len(decoder.active))
         decoder.step()
         step += 1
-    assert max(sizes) == 4 and decoder.forwards < sum(s.stats.target_calls for s in seqs.values())
-    assert counters["stats"]["unique_graphs"] == graphs  # every batch size and tree size on the graphs made at load
+    return seqs, sizes
+
+
+def assert_batch_1_outputs(seqs: dict, reference: Target) -> None:
+    """Each request's tokens, statistics and drafter features are those of its own batch-1 decoding."""
     for i, (length, max_new, kind, _) in enumerate(REQUESTS):
         got = seqs[i].result
         want_drafter = drafter_for(kind, i)
@@ -134,6 +131,49 @@ def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output(com
                 if a is not None:
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert sum(sum(k * n for k, n in s.stats.accepted_hist.items()) for s in seqs.values()) > 10  # drafts accepted
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output(compiled):
+    from torch._dynamo.utils import counters
+
+    target, reference = make_target(compile=compiled), make_target()
+    decoder = BatchDecoder(target, max_batch=4, max_rows=None)  # no cap: the same trees as batch 1
+    assert (decoder.engine.compiled is not None) == compiled
+    graphs = counters["stats"]["unique_graphs"]
+    seqs, sizes = run_requests(decoder)
+    assert max(sizes) == 4 and decoder.forwards < sum(s.stats.target_calls for s in seqs.values())
+    assert counters["stats"]["unique_graphs"] == graphs  # every batch size and tree size on the graphs made at load
+    assert_batch_1_outputs(seqs, reference)
+
+
+def test_prompts_prefilled_in_chunks_inside_the_steps_keep_every_output():
+    """Chunks of 4 tokens: the 30- and 21-token prompts take several steps to get in, their features come
+    chunk by chunk, and only a prompt arriving while nothing decodes is prefilled in a pass of its own."""
+    target, reference = make_target(), make_target()
+    decoder = BatchDecoder(target, max_batch=4, max_rows=None, prefill_chunk=4)
+    alone, carried = [], []
+    real_forward, real_carry = decoder.engine.forward, decoder.engine.forward_with_prompt
+
+    def forward(first, tokens, *args, **kw):
+        if kw.get("last_logits_only"):
+            alone.append(len(decoder.decoding))
+        return real_forward(first, tokens, *args, **kw)
+
+    def carry(*args):
+        carried.append(len(args[-1]))
+        return real_carry(*args)
+
+    decoder.engine.forward, decoder.engine.forward_with_prompt = forward, carry
+    seqs, _ = run_requests(decoder)
+    assert alone and set(alone) == {0}  # a pass of its own only when nothing was decoding
+    assert len(carried) >= 10 and max(carried) == 4  # the rest came in 4-token chunks inside steps
+    assert_batch_1_outputs(seqs, reference)
+
+
+def test_prefill_chunk_must_be_positive():
+    with pytest.raises(BlockdraftError, match="prefill_chunk"):
+        BatchDecoder(make_target(), max_batch=2, prefill_chunk=0)
 
 
 def test_stop_strings_and_the_context_end_as_in_batch_1():

@@ -3,8 +3,9 @@
 Each step, every active sequence drafts its own tree (its own drafter state), all the trees are verified
 in one forward of the batch engine (per-sequence KV caches, ancestor masks and positions), and each
 sequence accepts, commits and checks its stopping rules on its own. A sequence may join before any
-step (its prompt is prefilled into a free slot) and leaves as soon as it stops, so a long request
-never holds up a short one. With the greedy acceptor every sequence's output is the one
+step and leaves as soon as it stops, so a long request never holds up a short one. A newcomer's prompt
+goes into the KV cache in chunks carried by the running sequences' steps (chunked prefill, as vLLM's
+scheduler does), not in a pass of its own while they wait. With the greedy acceptor every sequence's output is the one
 `SpeculativeDecoder` produces for it alone.
 """
 
@@ -66,6 +67,8 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + output; tokens[-1] is the next tree's root
     new: list[int] = field(default_factory=list)
     features: torch.Tensor | None = None  # features of the tokens committed since the last propose()
+    prefilled: int = 0  # prompt tokens in the KV cache while the sequence waits to decode
+    prompt_features: list[torch.Tensor] = field(default_factory=list)  # their features, chunk by chunk
     verified: tuple | None = None  # the last step's tree and its logits (what token recycling reads)
     keep_chars: int | None = None
     slot: int = -1
@@ -85,10 +88,17 @@ class BatchDecoder:
     add() a sequence, then call step() until it is done; sequences can be added between any two steps.
     `on_tokens(ids, accepted)` receives each step's new tokens with a flag per token: True for a drafted
     token the target accepted, False for the target's own (bonus) token.
+
+    Slots 0..D-1 hold the `decoding` sequences, the next ones those `waiting` for their prompt to be in the
+    cache. Each step carries up to `prefill_chunk` prompt tokens of the first waiting sequence in its forward;
+    a prompt is prefilled in a pass of its own only when nothing is decoding (it waits for no one then).
     """
 
-    def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None, max_rows: int | None = 16):
-        self.target, self.max_batch = target, max_batch
+    def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None, max_rows: int | None = 16,
+                 prefill_chunk: int = 256):
+        if prefill_chunk < 1:
+            raise BlockdraftError(f"prefill_chunk must be a positive number of tokens, got {prefill_chunk}")
+        self.target, self.max_batch, self.prefill_chunk = target, max_batch, prefill_chunk
         self.max_nodes = max_nodes  # optional cap on each tree's size, root included (as SpeculativeDecoder's)
         # Every tree is padded to the largest, so one big tree makes all B rows of the batch pay for it: with
         # B sequences, each tree keeps at most max_rows // B nodes (None: no such cap). On 16 held-out ShareGPT
@@ -96,18 +106,25 @@ class BatchDecoder:
         # with max_rows 64 / 32 / 16 (BENCHMARKS.md, "Serving")
         self.max_rows = max_rows
         self.engine = BatchEngine(target.forwarder, max_batch)
-        self.active: list[Sequence] = []  # active[i] lives in slot i
+        self.decoding: list[Sequence] = []  # decoding[i] lives in slot i
+        self.waiting: list[Sequence] = []  # waiting[i] lives in slot len(decoding) + i
         self.forwards = 0  # batched verification forwards run (for tests and metrics)
 
     @property
+    def active(self) -> list[Sequence]:
+        """Every sequence in the batch, decoding or waiting for its prompt."""
+        return self.decoding + self.waiting
+
+    @property
     def free(self) -> int:
-        return self.max_batch - len(self.active)
+        return self.max_batch - len(self.decoding) - len(self.waiting)
 
     def add(self, prompt_ids: list[int], drafter: Drafter, params: SamplingParams | None = None,
             max_new_tokens: int = 128, stop_strings: tuple[str, ...] = (), seed: int | None = None,
             on_tokens: Callable[[list[int], list[bool]], None] | None = None, acceptor: str | None = None,
             tag=None) -> Sequence:
-        """Prefill a new sequence into a free slot. `drafter` is forked: its weights are shared, its state not."""
+        """Take a new sequence into a free slot; its prompt is prefilled by the next steps. `drafter` is
+        forked: its weights are shared, its state not."""
         if not self.free:
             raise BlockdraftError(f"the batch is full ({self.max_batch} sequences)")
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
@@ -124,26 +141,58 @@ class BatchDecoder:
                        Stopper(target.eos_token_ids, tuple(stop_strings), decode), gen, on_tokens,
                        GenerationStats(method=drafter.name), tokens=list(prompt_ids), tag=tag)
         seq.started = time.perf_counter()
-        seq.slot = len(self.active)
+        seq.slot = len(self.decoding) + len(self.waiting)
         self.engine.reset(seq.slot)
-        body = prompt_ids[:-1]
-        if body:  # as Target.prefill: the KV cache gets the prompt but its last token, the first root
-            _, hidden = self.engine.forward(seq.slot, [torch.tensor(body)], [torch.arange(len(body))], [None],
-                                            drafter.feature_layers, last_logits_only=True)
-            seq.features = torch.cat([h[0] for h in hidden], -1) if hidden else None
-        drafter.reset(prompt_ids)
-        seq.stats.prefill_s = time.perf_counter() - seq.started
-        self.active.append(seq)
+        self.waiting.append(seq)
         return seq
 
+    def _unprefilled(self, seq: Sequence) -> list[int]:
+        # as Target.prefill: the KV cache gets the prompt but its last token, the first tree's root
+        return seq.prompt_ids[seq.prefilled : len(seq.prompt_ids) - 1]
+
+    def _prefill_alone(self, seq: Sequence) -> None:
+        rest = self._unprefilled(seq)
+        _, hidden = self.engine.forward(seq.slot, [torch.tensor(rest)], [torch.arange(len(rest))], [None],
+                                        seq.drafter.feature_layers, last_logits_only=True)
+        self._prefilled(seq, len(rest), hidden)
+
+    def _prefilled(self, seq: Sequence, n: int, hidden: list[torch.Tensor]) -> None:
+        seq.prefilled += n
+        if hidden:
+            seq.prompt_features.append(torch.cat([h[0, :n] for h in hidden], -1))
+
+    def _start_decoding(self) -> None:
+        """Move the waiting sequences whose prompt is in the cache (in slot order) to decoding; with nothing
+        decoding, the first one's prompt is prefilled now, in a pass of its own."""
+        while self.waiting:
+            seq = self.waiting[0]
+            if self._unprefilled(seq) and not self.decoding:
+                self._prefill_alone(seq)
+            if self._unprefilled(seq):
+                return
+            self.decoding.append(self.waiting.pop(0))
+            if seq.prompt_features:
+                seq.features = torch.cat(seq.prompt_features)
+                seq.prompt_features = []
+            seq.drafter.reset(seq.prompt_ids)
+            seq.stats.prefill_s = time.perf_counter() - seq.started  # waiting for its chunks included
+
     def remove(self, seq: Sequence) -> None:
-        """Drop a sequence (finished or cancelled): the last active one moves into its slot."""
-        i = self.active.index(seq)
-        last = self.active.pop()
-        if last is not seq:
-            self.engine.move(last.slot, i)
-            last.slot = i
-            self.active[i] = last
+        """Drop a sequence (finished or cancelled); the slots stay contiguous: the last decoding sequence
+        moves into a decoding one's slot, and the waiting ones after it move down one."""
+        if seq in self.decoding:
+            i = self.decoding.index(seq)
+            last = self.decoding.pop()
+            if last is not seq:
+                self.engine.move(last.slot, i)
+                last.slot = i
+                self.decoding[i] = last
+        else:
+            self.waiting.remove(seq)
+        for slot, waiting in enumerate(self.waiting, start=len(self.decoding)):
+            if waiting.slot != slot:
+                self.engine.move(waiting.slot, slot)
+                waiting.slot = slot
         seq.slot = -1
 
     def _room(self, seq: Sequence) -> int:
@@ -153,9 +202,10 @@ class BatchDecoder:
     def step(self) -> list[Sequence]:
         """One draft-verify-accept-commit round for every active sequence. Returns the ones that finished
         (they have left the batch): `result` set, or `error` where their drafter raised."""
+        self._start_decoding()
         failed = []
         batch, trees = [], []
-        for seq in list(self.active):
+        for seq in list(self.decoding):
             t0 = time.perf_counter()
             depth = self._room(seq)
             try:
@@ -169,7 +219,7 @@ class BatchDecoder:
             batch.append(seq)
             cap = self.max_nodes or len(tree)
             if self.max_rows:
-                cap = min(cap, max(1, self.max_rows // len(self.active)))
+                cap = min(cap, max(1, self.max_rows // len(self.decoding)))
             trees.append(tree.truncate(cap, depth))
             seq.stats.draft_s += time.perf_counter() - t0
         if not batch:
@@ -178,9 +228,19 @@ class BatchDecoder:
         layers = tuple(sorted({layer for seq in batch for layer in seq.drafter.feature_layers}))
         t1 = time.perf_counter()
         starts = [self.engine.lengths[seq.slot] for seq in batch]
-        logits, hidden = self.engine.forward(
-            0, [t.tokens for t in trees], [t.depth for t in trees],
-            [None if t.is_chain() else t.ancestor_mask() for t in trees], layers)
+        verify = ([t.tokens for t in trees], [t.depth for t in trees],
+                [None if t.is_chain() else t.ancestor_mask() for t in trees])
+        if self.waiting:  # the first waiting prompt's next chunk rides on this step
+            newcomer = self.waiting[0]
+            chunk = self._unprefilled(newcomer)[: self.prefill_chunk]
+            prompt_layers = newcomer.drafter.feature_layers
+            every = tuple(sorted(set(layers) | set(prompt_layers)))
+            logits, hidden, chunk_hidden = self.engine.forward_with_prompt(0, *verify, every, newcomer.slot,
+                                                                          torch.tensor(chunk))
+            self._prefilled(newcomer, len(chunk), [chunk_hidden[every.index(layer)] for layer in prompt_layers])
+            hidden = [hidden[every.index(layer)] for layer in layers]
+        else:
+            logits, hidden = self.engine.forward(0, *verify, layers)
         logits = logits.float().cpu()  # acceptors run on the CPU, as in Target.verify
         verify_s = time.perf_counter() - t1
         self.forwards += 1

@@ -220,7 +220,7 @@ class Scheduler:
         self._report_load()
 
     def _admit(self, batch: BatchDecoder, job: Job) -> None:
-        """Prefill a job into the batch (it takes part from the next step on), or answer why not."""
+        """Take a job into the batch (the next steps prefill its prompt, then decode it), or answer why not."""
         if job.cancelled.is_set():
             job.finish("cancelled")
             return
@@ -240,7 +240,7 @@ class Scheduler:
             job.finish("error", APIError(400, str(e)))
             return
         except Exception as e:
-            log.exception("prefill failed")
+            log.exception("admission failed")
             job.finish("error", APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
             return
         job.emit("started")

@@ -9,12 +9,12 @@ the batch's keys are a view, not a gather; a finished sequence's slot is refille
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..errors import BlockdraftError
-import time
-
-from .engine import CHUNK, StaticEngine, compiled_step, in_order
+from .engine import CHUNK, Rows, StaticEngine, compiled_step, in_order
 
 
 class BatchEngine:
@@ -76,25 +76,20 @@ class BatchEngine:
     def reset(self, slot: int) -> None:
         self.lengths[slot] = 0
 
-    @torch.inference_mode()
-    def forward(self, first: int, tokens: list[torch.Tensor], depths: list[torch.Tensor],
-                allowed: list[torch.Tensor | None], hidden_layers: tuple[int, ...] = (),
-                last_logits_only: bool = False):
-        """Slots first .. first+len(tokens)-1, one token list each (a tree's nodes, or a prompt):
-        tokens[b], depths[b]: [n_b]; allowed[b]: [n_b, n_b] bool among the new tokens (None = causal).
-
-        Writes their keys and values after each slot's committed prefix and returns
-        (logits [B, n, V] (or [B, 1, V]: the last row only, for a prefill of one sequence), hidden states of
-        `hidden_layers` [B, n, hidden] each); rows past n_b are padding.
-        """
-        w, B = self.w, len(tokens)
-        slots = range(first, first + B)
+    def _rows(self, first: int, tokens, depths, allowed, logits: str) -> Rows:
+        """A block of rows for slots first .. first+len(tokens)-1 (see `forward`), pads included."""
+        B = len(tokens)
         sizes = [len(t) for t in tokens]
         n = max(sizes)
-        starts = torch.tensor([self.lengths[s] for s in slots])
+        starts = torch.tensor([self.lengths[s] for s in range(first, first + B)])
         end = int(starts.max()) + n  # pad rows are written too (after each prefix), then overwritten later
-        self._reserve(end + 1)  # one to spare: see StaticEngine.forward
-        device = w.embed.device
+        device = self.w.embed.device
+        write_slot = torch.arange(first, first + B).repeat_interleave(n).to(device)
+        write_pos = (starts[:, None] + torch.arange(n)[None, :]).reshape(-1).to(device)
+        if B == 1 and allowed[0] is None and int(starts[0]) == 0:  # a fresh prompt: the causal kernel, no mask
+            pos = depths[0][None].to(device)
+            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+            return Rows(tokens[0][None].to(device), cos, sin, None, write_slot, write_pos, first, end, n > 1, logits)
         tok = torch.zeros(B, n, dtype=torch.long)
         pos = torch.zeros(B, n, dtype=torch.long)
         mask = torch.zeros(B, n, end, dtype=torch.bool)
@@ -108,26 +103,66 @@ class BatchEngine:
             mask[b, :size, s : s + size] = a
             mask[b, range(size, n), range(s + size, s + n)] = True  # a pad row attends to itself only
         tok, pos, mask = tok.to(device), pos.to(device), mask.to(device)[:, None]
-        # where each row's key and value go: slot b, position start_b + j
-        write_slot = torch.arange(first, first + B).repeat_interleave(n).to(device)
-        write_pos = (starts[:, None] + torch.arange(n)[None, :]).reshape(-1).to(device)
-
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
-        if self.compiled is not None and first == 0 and not last_logits_only:  # a step (prefills stay eager)
+        return Rows(tok, cos, sin, mask, write_slot, write_pos, first, end, False, logits)
+
+    def _advance(self, first: int, tokens) -> None:
+        for slot, t in enumerate(tokens, start=first):
+            self.lengths[slot] += len(t)  # uncommitted until `commit` keeps a path of them
+
+    @torch.inference_mode()
+    def forward(self, first: int, tokens: list[torch.Tensor], depths: list[torch.Tensor],
+                allowed: list[torch.Tensor | None], hidden_layers: tuple[int, ...] = (),
+                last_logits_only: bool = False):
+        """Slots first .. first+len(tokens)-1, one token list each (a tree's nodes, or a prompt):
+        tokens[b], depths[b]: [n_b]; allowed[b]: [n_b, n_b] bool among the new tokens (None = causal).
+
+        Writes their keys and values after each slot's committed prefix and returns
+        (logits [B, n, V] (or [B, 1, V]: the last row only, for a prefill of one sequence), hidden states of
+        `hidden_layers` [B, n, hidden] each); rows past n_b are padding.
+        """
+        w, B = self.w, len(tokens)
+        self._reserve(max(self.lengths[s] for s in range(first, first + B)) + max(len(t) for t in tokens) + 1)
+        rows = self._rows(first, tokens, depths, allowed, "last" if last_logits_only else "all")
+        # a step runs on the compiled graphs; prefills stay eager (they are matmul-bound)
+        if self.compiled is not None and first == 0 and not last_logits_only and not rows.causal:
+            tok, cos, sin, mask, write_slot, write_pos, _, end = rows[:8]
             if B > 1:
                 logits, every_layer = self.compiled(tok, cos, sin, mask, self.keys, self.values, write_slot,
                                                     write_pos, end)
             else:  # slot 0 alone: the one-sequence graphs, on a view of its buffers (a lone token sees its prefix)
-                logits, every_layer = w.compiled(tok, cos, sin, None if n == 1 else mask, [k[:1] for k in self.keys],
-                                                 [v[:1] for v in self.values], write_slot, write_pos, end)
+                logits, every_layer = w.compiled(tok, cos, sin, None if tok.shape[1] == 1 else mask,
+                                                 [k[:1] for k in self.keys], [v[:1] for v in self.values],
+                                                 write_slot, write_pos, end)
             hidden = [every_layer[i] for i in hidden_layers]
         else:
-            logits, ascending = w.decoder(tok, cos, sin, mask, self.keys, self.values, write_slot, write_pos, first,
-                                          end, tuple(hidden_layers), last_logits_only)
+            logits, ascending = w.decoder.run([rows], self.keys, self.values, tuple(hidden_layers))[0]
             hidden = in_order(ascending, hidden_layers)
-        for slot, size in zip(slots, sizes, strict=False):
-            self.lengths[slot] += size  # uncommitted until `commit` keeps a path of them
+        self._advance(first, tokens)
         return logits, hidden
+
+    @torch.inference_mode()
+    def forward_with_prompt(self, first: int, tokens: list[torch.Tensor], depths: list[torch.Tensor],
+                            allowed: list[torch.Tensor | None], hidden_layers: tuple[int, ...],
+                            slot: int, chunk: torch.Tensor):
+        """`forward(first, tokens, depths, allowed, hidden_layers)` and, in the same pass, the next `chunk`
+        of a prompt into `slot` (outside the step's slots): causal after what the slot holds, no logits.
+
+        Why one pass: a forward here costs a floor of ~25-30 ms whatever its size (the matmuls' per-call
+        cost), which a prompt prefilled on its own pays again while every running sequence waits; folded
+        into a step, the chunk's rows ride on the step's matmuls. Returns (logits, hidden, chunk_hidden).
+        Runs eager (the compiled graphs take one block).
+        """
+        start = self.lengths[slot]
+        end = max(self.lengths[s] for s in range(first, first + len(tokens))) + max(len(t) for t in tokens)
+        self._reserve(max(end, start + len(chunk)) + 1)
+        step = self._rows(first, tokens, depths, allowed, "all")
+        prompt = self._rows(slot, [chunk], [torch.arange(len(chunk))], [None], "none")
+        (logits, ascending), (_, chunk_ascending) = self.w.decoder.run([step, prompt], self.keys, self.values,
+                                                                       tuple(hidden_layers))
+        self._advance(first, tokens)
+        self._advance(slot, [chunk])
+        return logits, in_order(ascending, hidden_layers), in_order(chunk_ascending, hidden_layers)
 
     @torch.inference_mode()
     def commit(self, slot: int, start: int, path: list[int]) -> None:

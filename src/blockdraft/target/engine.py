@@ -13,6 +13,7 @@ decoding steps run through torch.compile (`compiled_step`).
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -87,12 +88,33 @@ class _Layer(nn.Module):
         self.eps1, self.eps2 = layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon
 
 
+class Rows(NamedTuple):
+    """One block of a forward's rows: B sequences x n new tokens, in KV slots first .. first+B-1.
+
+    Row b's j-th key and value are written at (write_slot[b*n + j], write_pos[b*n + j]), and every row
+    attends over positions [0, end) of its slot under `mask` [B, 1, n, end] (None: a one-token step that
+    sees everything, or `causal`: a fresh prefill). `logits`: "all" rows, the "last" row of each sequence,
+    or "none" (a prompt chunk whose logits nobody reads).
+    """
+
+    tokens: torch.Tensor  # [B, n]
+    cos: torch.Tensor  # [B, 1, n, head_dim]
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+    write_slot: torch.Tensor  # [B * n]
+    write_pos: torch.Tensor
+    first: int
+    end: int
+    causal: bool = False
+    logits: str = "all"
+
+
 class Decoder(nn.Module):
     """The forward pass on fused weights, for one sequence or a batch (target/batch_engine.py), eager or compiled.
 
-    Rows of `tokens` [B, n] go to KV slots first .. first+B-1; row b's j-th key and value are written at
-    (write_slot[b*n + j], write_pos[b*n + j]) and every row attends over positions [0, end) of its slot
-    under `mask` [B, 1, n, end] (None: a one-token step that sees everything, or `causal`: a fresh prefill).
+    `forward` runs one block of rows (see Rows). `run` runs several in one pass, such as a batch's decoding
+    step and a newcomer's prompt chunk: the projections and MLPs see all their rows at once (one matmul
+    each, which on this CPU costs about what the largest block alone does), attention runs per block.
     """
 
     def __init__(self, model):
@@ -110,36 +132,27 @@ class Decoder(nn.Module):
 
     def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, first: int, end: int,
                 hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False, causal: bool = False):
-        B, n = tokens.shape
-        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        x = F.embedding(tokens, self.embed)  # [B, n, hidden]
+        """One block: (logits [B, n or 1, V], hidden states of `hidden_layers` [B, n, hidden] in ascending order)."""
+        rows = Rows(tokens, cos, sin, mask, write_slot, write_pos, first, end, causal,
+                    "last" if last_logits_only else "all")
+        return self.run([rows], keys, values, hidden_layers)[0]
+
+    def run(self, blocks: list[Rows], keys, values, hidden_layers: tuple[int, ...] = ()):
+        """Several blocks in one pass; per block (logits or None, hidden states as in `forward`)."""
+        sizes = [b.tokens.numel() for b in blocks]
+        flat = blocks[0].tokens.reshape(-1) if len(blocks) == 1 else torch.cat([b.tokens.reshape(-1) for b in blocks])
+        x = F.embedding(flat, self.embed)  # [rows, hidden]
         hidden = {0: x} if 0 in hidden_layers else {}
-        # Grouped-query attention as plain attention over a longer query: the `group` query heads that share a
-        # KV head are contiguous, so [B, heads, n, d] views as [B, kv_heads, group * n, d] (each of its rows
-        # attending under its token's mask row). That reads each key and value once per KV head; SDPA's own
-        # enable_gqa path ran about twice as slow on this CPU for small queries over long caches. The mask goes
-        # in as an additive bias, which the CPU kernel takes faster than a bool one. Measured here (bf16, 2
-        # threads, per layer): a batch of 8 two-node trees over 1,000 positions 1,222 us -> 546; one 17-node
-        # tree over 4,000 positions 1,045 -> 706 (benchmarks/attention_gqa.py).
-        group = heads // kv_heads
-        if not causal and mask is not None:
-            bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
-            mask = bias.repeat(1, 1, group, 1)  # row (g, j) of the folded query is token j's row
+        biases = [self._bias(b, x.dtype) for b in blocks]
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln1, layer.eps1)
-            qkv = layer.qkv(h).view(B, n, -1, d).transpose(1, 2)  # [B, heads + 2 kv_heads, n, d]
-            qk = _rope(qkv[:, : heads + kv_heads], cos, sin)  # queries and keys rotated together
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
-            keys[i][write_slot, :, write_pos] = k.transpose(1, 2).reshape(B * n, kv_heads, d)
-            values[i][write_slot, :, write_pos] = v.transpose(1, 2).reshape(B * n, kv_heads, d)
-            k_all, v_all = keys[i][first : first + B, :, :end], values[i][first : first + B, :, :end]
-            if causal:  # a prefill: the causal kernel (folding would make the query's rows out of order)
-                a = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, scale=self.scale,
-                                                   enable_gqa=kv_heads != heads)
+            qkv = layer.qkv(h)
+            if len(blocks) == 1:
+                a = self._attend(i, blocks[0], biases[0], qkv, keys, values)
             else:
-                a = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * n, d), k_all, v_all, attn_mask=mask,
-                                                   scale=self.scale).view(B, heads, n, d)
-            x = x + layer.o(a.transpose(1, 2).reshape(B, n, -1))
+                a = torch.cat([self._attend(i, b, bias, part, keys, values)
+                               for b, bias, part in zip(blocks, biases, qkv.split(sizes), strict=True)])
+            x = x + layer.o(a)
             h = _rms_norm(x, layer.ln2, layer.eps2)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
@@ -149,7 +162,52 @@ class Decoder(nn.Module):
         last = len(self.layers)
         if last in hidden_layers:
             hidden[last] = x
-        return self.lm_head(x[:, -1:] if last_logits_only else x), [hidden[i] for i in sorted(set(hidden_layers))]
+        out = []
+        for b, h in zip(blocks, x.split(sizes) if len(blocks) > 1 else [x], strict=True):
+            B, n = b.tokens.shape
+            h = h.view(B, n, -1)
+            logits = None if b.logits == "none" else self.lm_head(h[:, -1:] if b.logits == "last" else h)
+            out.append([logits, []])
+        for i in sorted(set(hidden_layers)):
+            for o, b, h in zip(out, blocks, hidden[i].split(sizes) if len(blocks) > 1 else [hidden[i]], strict=True):
+                o[1].append(h.view(*b.tokens.shape, -1))
+        return [tuple(o) for o in out]
+
+    def _bias(self, rows: Rows, dtype) -> torch.Tensor | None:
+        """The block's mask as an additive bias, one row per row of the folded query (see _attend)."""
+        if rows.causal or rows.mask is None:
+            return None
+        bias = torch.zeros(rows.mask.shape, dtype=dtype, device=rows.mask.device)
+        bias.masked_fill_(~rows.mask, float("-inf"))
+        return bias.repeat(1, 1, self.heads // self.kv_heads, 1)  # row (g, j) of the folded query is token j's row
+
+    def _attend(self, i: int, rows: Rows, bias, qkv, keys, values) -> torch.Tensor:
+        """Layer i's attention for one block: writes its keys and values, returns [B * n, heads * head_dim]."""
+        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
+        B, n = rows.tokens.shape
+        qkv = qkv.view(B, n, -1, d).transpose(1, 2)  # [B, heads + 2 kv_heads, n, d]
+        qk = _rope(qkv[:, : heads + kv_heads], rows.cos, rows.sin)  # queries and keys rotated together
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+        keys[i][rows.write_slot, :, rows.write_pos] = k.transpose(1, 2).reshape(B * n, kv_heads, d)
+        values[i][rows.write_slot, :, rows.write_pos] = v.transpose(1, 2).reshape(B * n, kv_heads, d)
+        first, end = rows.first, rows.end
+        k_all, v_all = keys[i][first : first + B, :, :end], values[i][first : first + B, :, :end]
+        if rows.causal:  # a prefill: the causal kernel (folding would make the query's rows out of order)
+            a = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, scale=self.scale,
+                                               enable_gqa=kv_heads != heads)
+        else:
+            # Grouped-query attention as plain attention over a longer query: the `group` query heads that
+            # share a KV head are contiguous, so [B, heads, n, d] views as [B, kv_heads, group * n, d] (each
+            # of its rows attending under its token's mask row). That reads each key and value once per KV
+            # head; SDPA's own enable_gqa path ran about twice as slow on this CPU for small queries over long
+            # caches. The mask goes in as an additive bias, which the CPU kernel takes faster than a bool
+            # one. Measured here (bf16, 2 threads, per layer): a batch of 8 two-node trees over 1,000
+            # positions 1,222 us -> 546; one 17-node tree over 4,000 positions 1,045 -> 706
+            # (benchmarks/attention_gqa.py).
+            group = heads // kv_heads
+            a = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * n, d), k_all, v_all, attn_mask=bias,
+                                               scale=self.scale).view(B, heads, n, d)
+        return a.transpose(1, 2).reshape(B * n, -1)
 
 
 def in_order(states: list[torch.Tensor], hidden_layers) -> list[torch.Tensor]:
