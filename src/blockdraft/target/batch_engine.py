@@ -122,6 +122,7 @@ class BatchEngine:
         `hidden_layers` [B, n, hidden] each); rows past n_b are padding.
         """
         w, B = self.w, len(tokens)
+        # one position to spare: see StaticEngine.forward
         self._reserve(max(self.lengths[s] for s in range(first, first + B)) + max(len(t) for t in tokens) + 1)
         rows = self._rows(first, tokens, depths, allowed, "last" if last_logits_only else "all")
         # a step runs on the compiled graphs; prefills stay eager (they are matmul-bound)
