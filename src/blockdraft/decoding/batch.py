@@ -52,7 +52,7 @@ def _fork_value(value):
     return value
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: finding it in the batch's lists compares identities, not fields
 class Sequence:
     """One request's decoding state inside the batch."""
 

@@ -106,6 +106,10 @@ class BatchEngine:
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
         return Rows(tok, cos, sin, mask, write_slot, write_pos, first, end, False, logits)
 
+    def _end(self, first: int, tokens) -> int:
+        """One past the last position a block for slots first.. writes (pad rows included)."""
+        return max(self.lengths[s] for s in range(first, first + len(tokens))) + max(len(t) for t in tokens)
+
     def _advance(self, first: int, tokens) -> None:
         for slot, t in enumerate(tokens, start=first):
             self.lengths[slot] += len(t)  # uncommitted until `commit` keeps a path of them
@@ -122,8 +126,7 @@ class BatchEngine:
         `hidden_layers` [B, n, hidden] each); rows past n_b are padding.
         """
         w, B = self.w, len(tokens)
-        # one position to spare: see StaticEngine.forward
-        self._reserve(max(self.lengths[s] for s in range(first, first + B)) + max(len(t) for t in tokens) + 1)
+        self._reserve(self._end(first, tokens) + 1)  # one position to spare: see StaticEngine.forward
         rows = self._rows(first, tokens, depths, allowed, "last" if last_logits_only else "all")
         # a step runs on the compiled graphs; prefills stay eager (they are matmul-bound)
         if self.compiled is not None and first == 0 and not last_logits_only and not rows.causal:
@@ -154,9 +157,7 @@ class BatchEngine:
         into a step, the chunk's rows ride on the step's matmuls. Returns (logits, hidden, chunk_hidden).
         Runs eager (the compiled graphs take one block).
         """
-        start = self.lengths[slot]
-        end = max(self.lengths[s] for s in range(first, first + len(tokens))) + max(len(t) for t in tokens)
-        self._reserve(max(end, start + len(chunk)) + 1)
+        self._reserve(max(self._end(first, tokens), self._end(slot, [chunk])) + 1)
         step = self._rows(first, tokens, depths, allowed, "all")
         prompt = self._rows(slot, [chunk], [torch.arange(len(chunk))], [None], "none")
         (logits, ascending), (_, chunk_ascending) = self.w.decoder.run([step, prompt], self.keys, self.values,
