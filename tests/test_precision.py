@@ -103,7 +103,7 @@ def test_cost_curve_cache_is_keyed_by_target_dtype_device_and_threads(tmp_path, 
 
     def fake_measure(target):
         measured.append(cache_key(target))
-        return {0: 1.0, 16: 1.0 + len(measured)}
+        return budget.CostCurve({128: {0: 1.0, 16: 1.0 + len(measured)}, 1024: {0: 1.0, 16: 2.0 + len(measured)}})
 
     monkeypatch.setattr(budget, "measure_cost_curve", fake_measure)
 
@@ -139,7 +139,7 @@ def test_measured_cost_curve_never_falls_below_a_smaller_tree(tiny_target, monke
         return real_verify(tree)
 
     monkeypatch.setattr(tiny_target, "verify", noisy_verify)
-    curve = budget.measure_cost_curve(tiny_target, sizes=(0, 1, 4, 16), reps=5)
+    curve = budget.measure_cost_at(tiny_target, sizes=(0, 1, 4, 16), reps=5)
     values = [curve[b] for b in sorted(curve)]
     assert curve[0] == 1.0 and values == sorted(values)
     assert len(set(calls[:4])) == 4  # sizes are timed in turns, not one after another

@@ -12,6 +12,7 @@ from test_refine import eos_free_target, heads_drafter, random_lattice, toy_corp
 from blockdraft import NoDrafter, SpeculativeDecoder
 from blockdraft.errors import BlockdraftError
 from blockdraft.refine.ngram import NGramLM
+from blockdraft.trees import DraftTree
 from blockdraft.trees.builders import best_first_transition_tree, best_first_tree, static_tree
 from blockdraft.trees.drafter import TreeDrafter
 
@@ -142,7 +143,9 @@ def test_auto_budget_trades_expected_gain_against_cost(tmp_path, monkeypatch):
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
     target = eos_free_target(0)
     curve = cost_curve(target)
-    assert curve[0] == 1.0 and max(curve) == 64 and curve[64] > 1.0
+    at = curve.at(100)
+    assert list(curve.by_context) == [128]  # 1,024 tokens and a 64-node tree do not fit its 256 positions
+    assert at[0] == 1.0 and max(at) == 64 and curve.max_nodes == 64 and at[64] > 1.0
     assert (tmp_path / "cost").is_dir() and cost_curve(target) == curve  # cached
     drafter = TreeDrafter(heads_drafter(target), "best", cost_curve=curve)
     prompt = [3, 4, 5, 6, 3, 4]
@@ -151,3 +154,16 @@ def test_auto_budget_trades_expected_gain_against_cost(tmp_path, monkeypatch):
     assert with_budget("ddtree", 32) == "ddtree:budget=32"
     assert with_budget("ddtree:budget=8", 32) == "ddtree:budget=8"
     assert with_budget("bpd", 32) == "bpd"
+
+
+def test_auto_budget_shrinks_the_tree_as_the_context_makes_nodes_dearer():
+    from blockdraft.trees.budget import CostCurve, keep_best
+
+    # measured shape: the same tree costs more steps' worth after a long context
+    curve = CostCurve({128: {0: 1.0, 4: 1.05, 16: 1.2}, 4096: {0: 1.0, 4: 1.3, 16: 4.0}})
+    assert curve.at(128)[16] == 1.2 and curve.at(9000)[16] == 4.0 and abs(curve.at(2112)[16] - 2.6) < 1e-9
+    tree = DraftTree(list(range(17)), [-1] + list(range(16)))  # a chain of 16 likely drafts
+    scores = list(np.log(np.linspace(0.9, 0.5, 16)))
+    short, long = keep_best(tree, scores, curve, 100), keep_best(tree, scores, curve, 5000)
+    assert len(short) == 17 and 1 < len(long) < len(short)
+    assert CostCurve.of({0: 1.0, 8: 1.1}).at(5000) == {0: 1.0, 8: 1.1}  # a plain dict ignores the context

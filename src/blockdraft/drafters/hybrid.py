@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import BlockdraftError
 from ..trees import DraftTree
-from ..trees.budget import best_budget
+from ..trees.budget import CostCurve, best_budget
 from .base import DraftContext, Drafter
 from .suffix_index import Candidates
 
@@ -91,13 +91,13 @@ class HybridDrafter(Drafter):
     name = "hybrid"
 
     def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 24,
-                 cost_curve: dict[int, float] | None = None, skip: float = 4.0, weights: dict[str, float] | None = None):
+                 cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0, weights: dict[str, float] | None = None):
         if not retrieval and learned is None:
             raise BlockdraftError("hybrid needs at least one source")
         if budget < 1:
             raise BlockdraftError(f"hybrid needs budget >= 1, got {budget}")
         self.retrieval, self.learned = retrieval, learned
-        self.budget, self.cost_curve, self.skip = budget, cost_curve, skip
+        self.budget, self.cost_curve, self.skip = budget, CostCurve.of(cost_curve), skip
         self.weights = weights or {}
         self.calibrator = AcceptanceCalibrator()
         self.feature_layers = learned[1].feature_layers if learned else ()
@@ -179,7 +179,8 @@ class HybridDrafter(Drafter):
         # A child never scores above its parent, and ties go to the shorter path: parents come first.
         ranked = sorted(nodes.items(), key=lambda kv: (-kv[1].score, len(kv[0])))[: self.budget]
         if self.cost_curve is not None:
-            ranked = ranked[: best_budget([math.log(max(n.score, 1e-9)) for _, n in ranked], self.cost_curve)]
+            ranked = ranked[: best_budget([math.log(max(n.score, 1e-9)) for _, n in ranked],
+                                         self.cost_curve.at(len(ctx.tokens)))]
         index = {(): 0}
         tokens, parents, keys = [root], [-1], [[]]
         for path, node in ranked:

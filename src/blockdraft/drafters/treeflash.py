@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from ..errors import BlockdraftError
 from ..trees import DraftTree
-from ..trees.budget import keep_best, node_budget
+from ..trees.budget import CostCurve, keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
 from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
@@ -78,8 +78,9 @@ class TreeFlashDrafter(Drafter):
     kind = "arapprox"
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
-                 children: int = 8, cost_curve: dict[int, float] | None = None, sample: bool = False,
+                 children: int = 8, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
                  vocab_size: int | None = None):
+        cost_curve = CostCurve.of(cost_curve)
         budget = node_budget(budget, cost_curve)  # budget 'auto': build to the curve's largest B, keep the best
         if parents < 1 or children < 1:
             raise BlockdraftError(f"parents and children must be at least 1, got {parents} and {children}")
@@ -134,7 +135,7 @@ class TreeFlashDrafter(Drafter):
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree, scores = self.scored_tree(ctx)
-        return keep_best(tree, scores, self.cost_curve)
+        return keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
 
     def scored_tree(self, ctx: DraftContext) -> tuple[DraftTree, list[float]]:
         """The best-first tree under the budget, and each draft node's cumulative log-prob (best first)."""

@@ -3,8 +3,10 @@
 A tree of B draft nodes costs t(B) / t(0) single-token steps to verify; on a 2-core CPU that
 ratio jumps to ~1.6 at once and keeps rising (unlike a GPU, where it stays ~1 up to dozens of
 nodes). `--budget auto` measures the curve once per target, dtype, device and thread count (bf16
-and float32 curves differ several-fold on a CPU with AMX; cached as JSON),
-then picks, at every step, the B that maximises expected tokens per unit of time:
+and float32 curves differ several-fold on a CPU with AMX; cached as JSON), at a few context
+lengths: every tree node attends to the whole context, so the same tree costs more steps' worth
+at 4,000 tokens than at 128 (a 16-node tree: ~1.1 vs ~1.6 here). Then, at every step, it picks
+for the current context length the B that maximises expected tokens per unit of time:
     (1 + sum_{i <= B} P(node i accepted)) / cost(B),
 where a best-first tree's nodes come best first and P(node) = exp(its cumulative drafter
 log-prob), the drafter's own estimate that the target agrees with the node's whole path.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +28,39 @@ from ..target.precision import cache_key
 from .tree import DraftTree
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CONTEXTS = (128, 1024, 4096)  # context lengths the curve is measured at (those the target can hold)
 
 
-def measure_cost_curve(target, sizes=SIZES, reps: int = 7, context: int = 128) -> dict[int, float]:
-    """Time to verify a random tree of B draft nodes, relative to B = 0 (one token).
+@dataclass
+class CostCurve:
+    """t(B) / t(0) per context length: {context: {B: cost}}; between measured lengths it is interpolated,
+    beyond them the nearest one holds. A plain {B: cost} dict is a curve that ignores the context."""
+
+    by_context: dict[int, dict[int, float]]
+
+    @classmethod
+    def of(cls, curve: "CostCurve | dict[int, float] | None") -> "CostCurve | None":
+        return curve if curve is None or isinstance(curve, CostCurve) else cls({0: dict(curve)})
+
+    @property
+    def max_nodes(self) -> int:
+        return min(max(c) for c in self.by_context.values())
+
+    def at(self, context: int) -> dict[int, float]:
+        lengths = sorted(self.by_context)
+        sizes = sorted(set.intersection(*(set(c) for c in self.by_context.values())))
+        return {b: float(np.interp(context, lengths, [self.by_context[n][b] for n in lengths])) for b in sizes}
+
+
+def measure_cost_curve(target, sizes=SIZES, reps: int = 7, contexts=CONTEXTS) -> CostCurve:
+    """The curve at each context length the target can hold with the largest tree (at least the shortest)."""
+    room = target.max_length - max(sizes) - 2
+    fitting = [n for n in contexts if n <= room] or [min(min(contexts), room)]
+    return CostCurve({n: measure_cost_at(target, sizes, reps, n) for n in fitting})
+
+
+def measure_cost_at(target, sizes=SIZES, reps: int = 7, context: int = 128) -> dict[int, float]:
+    """Time to verify a random tree of B draft nodes after `context` tokens, relative to B = 0 (one token).
 
     Another process's load only ever adds time, so each size's fastest run is its estimate; the
     sizes are timed in turns (every size once per round), so that a burst of load hits all sizes
@@ -57,14 +89,17 @@ def cost_curve_path(target) -> Path:
     return cache_dir() / "cost" / f"{cache_key(target)}.json"
 
 
-def cost_curve(target) -> dict[int, float]:
-    """The cached curve for this target, dtype, device and thread count, measured on first use (~10 s)."""
+def cost_curve(target) -> CostCurve:
+    """The cached curve for this target, dtype, device and thread count, measured on first use (~30 s here).
+    A file without context lengths (written before they were measured) is measured again."""
     path = cost_curve_path(target)
     if path.is_file():
-        return {int(k): v for k, v in json.loads(path.read_text()).items()}
-    curve = measure_cost_curve(target)
+        saved = json.loads(path.read_text())
+        if "by_context" in saved:
+            return CostCurve({int(n): {int(b): v for b, v in c.items()} for n, c in saved["by_context"].items()})
+    curve = CostCurve.of(measure_cost_curve(target))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(curve, indent=1))
+    path.write_text(json.dumps({"by_context": curve.by_context}, indent=1))
     return curve
 
 
@@ -76,17 +111,16 @@ def best_budget(scores: list[float], curve: dict[int, float]) -> int:
     return int(np.argmax(gain / cost))
 
 
-def node_budget(budget, curve: dict[int, float] | None) -> int:
+def node_budget(budget, curve: CostCurve | None) -> int:
     """How many nodes a best-first tree method builds: the curve's largest B under 'auto' (it then
     keeps only the best B, see `keep_best`), else the fixed `budget`, checked."""
     if curve is not None:
-        budget = max(curve)
+        budget = curve.max_nodes
     if not isinstance(budget, int) or budget < 1:
         raise BlockdraftError(f"the tree budget must be a positive number of nodes or 'auto', got {budget}")
     return budget
 
 
-def keep_best(tree: DraftTree, scores: list[float], curve: dict[int, float] | None) -> DraftTree:
-    """A best-first tree as built (fixed budget), or under 'auto' its first best_budget() nodes."""
-    return tree if curve is None else tree.truncate(best_budget(scores, curve) + 1)
-
+def keep_best(tree: DraftTree, scores: list[float], curve: CostCurve | None, context: int) -> DraftTree:
+    """A best-first tree as built (fixed budget), or under 'auto' its first best_budget() nodes at this context."""
+    return tree if curve is None else tree.truncate(best_budget(scores, curve.at(context)) + 1)

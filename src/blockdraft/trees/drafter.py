@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..drafters.base import DraftContext, Drafter
 from ..errors import BlockdraftError
-from .budget import keep_best, node_budget
+from .budget import CostCurve, keep_best, node_budget
 from .builders import DEFAULT_STATIC_PATHS, best_first_tree, static_tree
 from .sampled import drafting_generator, sampled_tree
 from .tree import DraftTree
@@ -26,12 +26,13 @@ class TreeDrafter(Drafter):
     """
 
     def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
-                 paths=DEFAULT_STATIC_PATHS, cost_curve: dict[int, float] | None = None, sample: bool = False,
+                 paths=DEFAULT_STATIC_PATHS, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
                  vocab_size: int | None = None):
         if builder not in BUILDERS:
             raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
         if cost_curve is not None and builder != "best":
             raise BlockdraftError("budget 'auto' needs a best-first tree (its nodes come best first)")
+        cost_curve = CostCurve.of(cost_curve)
         budget = node_budget(budget, cost_curve)
         if not 0.0 <= alpha <= 1.0:
             raise BlockdraftError(f"the prior weight alpha must lie in [0, 1], got {alpha}")
@@ -63,4 +64,4 @@ class TreeDrafter(Drafter):
             tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature, drafting_generator(ctx),
                                         self.vocab_size)
         # with a prior the scores mix in n-gram log-probs: read exp(score) as a rough acceptance estimate
-        return keep_best(tree, scores, self.cost_curve)
+        return keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
