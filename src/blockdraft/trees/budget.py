@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..errors import BlockdraftError
 from ..target.loading import cache_dir
@@ -56,7 +57,8 @@ def measure_cost_curve(target, sizes=SIZES, reps: int = 7, contexts=CONTEXTS) ->
     """The curve at each context length the target can hold with the largest tree (at least the shortest)."""
     room = target.max_length - max(sizes) - 2
     fitting = [n for n in contexts if n <= room] or [min(min(contexts), room)]
-    return CostCurve({n: measure_cost_at(target, sizes, reps, n) for n in fitting})
+    bar = tqdm(fitting, desc="measuring the verification cost curve (once; cached)", unit="context", leave=False)
+    return CostCurve({n: measure_cost_at(target, sizes, reps, n) for n in bar})
 
 
 def measure_cost_at(target, sizes=SIZES, reps: int = 7, context: int = 128) -> dict[int, float]:
