@@ -138,3 +138,29 @@ def test_training_with_a_bf16_target(tiny, tmp_path):
     for target, dtype in ((bf16, torch.bfloat16), (tiny, torch.float32)):  # the checkpoint loads into either
         loaded = HeadsDrafter.from_pretrained(tmp_path / "heads", target)
         assert next(loaded.model.parameters()).dtype == dtype
+
+
+@pytest.mark.parametrize("method", ["hybrid:sources=suffix+treeflash", "hybrid:sources=suffix+hydra", "treeflash", "bpd-ngram"])
+def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
+    """The packed path skips aten's per-call weight re-layout: a drafter kept in a container (the hybrid's
+    learned source is in a tuple) ran every matmul unpacked, ~1 ms a step slower on the default target."""
+    drafter = make_drafter(method, bf16)
+    modules, seen, todo = [], set(), [drafter]
+    while todo:  # every module reachable through attributes, lists, tuples and dicts
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            modules.extend(obj.modules())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif type(obj).__module__.startswith("blockdraft"):
+            todo.extend(vars(obj).values())
+    linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
+    heads = [m for m in modules if hasattr(m, "prepack")]
+    assert linears and heads
+    assert all(getattr(m, "_packed", None) is not None for m in linears)
+    assert all(m.packed is not None for m in heads)

@@ -52,5 +52,8 @@ def prepack_linears(obj, _seen=None) -> None:
                 m.prepack()
         return
     for value in getattr(obj, "__dict__", {}).values():
-        if isinstance(value, nn.Module) or (hasattr(value, "__dict__") and type(value).__module__.startswith("blockdraft")):
-            prepack_linears(value, seen)
+        # containers too: the hybrid keeps its learned drafter in a tuple and its sources in a dict
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, nn.Module) or (hasattr(item, "__dict__") and type(item).__module__.startswith("blockdraft")):
+                prepack_linears(item, seen)
