@@ -5,7 +5,7 @@ ratio jumps to ~1.6 at once and keeps rising (unlike a GPU, where it stays ~1 up
 nodes). `--budget auto` measures the curve once per target, dtype, device and thread count (bf16
 and float32 curves differ several-fold on a CPU with AMX; cached as JSON), at a few context
 lengths: every tree node attends to the whole context, so the same tree costs more steps' worth
-at 4,000 tokens than at 128 (a 16-node tree: ~1.1 vs ~1.6 here). Then, at every step, it picks
+at 4,000 tokens than at 128 (a 16-node tree in bf16 here: 1.5 vs 1.2 steps). Then, at every step, it picks
 for the current context length the B that maximises expected tokens per unit of time:
     (1 + sum_{i <= B} P(node i accepted)) / cost(B),
 where a best-first tree's nodes come best first and P(node) = exp(its cumulative drafter
