@@ -140,7 +140,8 @@ def test_training_with_a_bf16_target(tiny, tmp_path):
         assert next(loaded.model.parameters()).dtype == dtype
 
 
-@pytest.mark.parametrize("method", ["hybrid:sources=suffix+treeflash", "hybrid:sources=suffix+hydra", "treeflash", "bpd-ngram"])
+@pytest.mark.parametrize("method", ["hybrid:sources=suffix+treeflash", "hybrid:sources=suffix+hydra", "treeflash",
+                                    "bpd-ngram"])
 def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
     """The packed path skips aten's per-call weight re-layout: a drafter kept in a container (the hybrid's
     learned source is in a tuple) ran every matmul unpacked, ~1 ms a step slower on the default target."""

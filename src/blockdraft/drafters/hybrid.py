@@ -91,7 +91,8 @@ class HybridDrafter(Drafter):
     name = "hybrid"
 
     def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 24,
-                 cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0, weights: dict[str, float] | None = None):
+                 cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0,
+                 weights: dict[str, float] | None = None):
         if not retrieval and learned is None:
             raise BlockdraftError("hybrid needs at least one source")
         if budget < 1:

@@ -55,5 +55,6 @@ def prepack_linears(obj, _seen=None) -> None:
         # containers too: the hybrid keeps its learned drafter in a tuple and its sources in a dict
         items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
         for item in items:
-            if isinstance(item, nn.Module) or (hasattr(item, "__dict__") and type(item).__module__.startswith("blockdraft")):
+            ours = hasattr(item, "__dict__") and type(item).__module__.startswith("blockdraft")
+            if isinstance(item, nn.Module) or ours:
                 prepack_linears(item, seen)

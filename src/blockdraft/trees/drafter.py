@@ -26,8 +26,8 @@ class TreeDrafter(Drafter):
     """
 
     def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
-                 paths=DEFAULT_STATIC_PATHS, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
-                 vocab_size: int | None = None):
+                 paths=DEFAULT_STATIC_PATHS, cost_curve: CostCurve | dict[int, float] | None = None,
+                 sample: bool = False, vocab_size: int | None = None):
         if builder not in BUILDERS:
             raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
         if cost_curve is not None and builder != "best":
