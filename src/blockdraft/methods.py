@@ -69,7 +69,7 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
     return RestDrafter(store, **options)
 
 
-def hybrid_method(target: Target, sources: str = "suffix+recycle+hydra", budget: int = 24, skip: float = 4.0,
+def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 24, skip: float = 4.0,
                   weights: str | None = None, cost: str = "auto", learned_budget: int = 16) -> Drafter:
     """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one of treeflash, hydra),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
