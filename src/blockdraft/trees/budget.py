@@ -39,6 +39,12 @@ class CostCurve:
 
     by_context: dict[int, dict[int, float]]
 
+    def __post_init__(self):
+        # read at every step (`at`): the lengths, the sizes every length has and their costs, as arrays once
+        self._lengths = sorted(self.by_context)
+        self._sizes = sorted(set.intersection(*(set(c) for c in self.by_context.values())))
+        self._costs = np.array([[self.by_context[n][b] for n in self._lengths] for b in self._sizes])
+
     @classmethod
     def of(cls, curve: "CostCurve | dict[int, float] | None") -> "CostCurve | None":
         return curve if curve is None or isinstance(curve, CostCurve) else cls({0: dict(curve)})
@@ -48,9 +54,7 @@ class CostCurve:
         return min(max(c) for c in self.by_context.values())
 
     def at(self, context: int) -> dict[int, float]:
-        lengths = sorted(self.by_context)
-        sizes = sorted(set.intersection(*(set(c) for c in self.by_context.values())))
-        return {b: float(np.interp(context, lengths, [self.by_context[n][b] for n in lengths])) for b in sizes}
+        return {b: float(np.interp(context, self._lengths, row)) for b, row in zip(self._sizes, self._costs)}
 
 
 def measure_cost_curve(target, sizes=SIZES, reps: int = 7, contexts=CONTEXTS) -> CostCurve:
@@ -99,7 +103,7 @@ def cost_curve(target) -> CostCurve:
         saved = json.loads(path.read_text())
         if "by_context" in saved:
             return CostCurve({int(n): {int(b): v for b, v in c.items()} for n, c in saved["by_context"].items()})
-    curve = CostCurve.of(measure_cost_curve(target))
+    curve = measure_cost_curve(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"by_context": curve.by_context}, indent=1))
     return curve
