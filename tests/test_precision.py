@@ -97,7 +97,7 @@ def test_python_api_takes_dtype_and_refuses_a_second_one(tiny_model_dir, tiny_ta
         blockdraft.generate([5, 6, 7], target=tiny_target, max_new_tokens=2, dtype="bfloat16")
 
 
-def test_cost_curve_cache_is_keyed_by_target_dtype_device_and_threads(tmp_path, monkeypatch):
+def test_cost_curve_cache_is_keyed_by_target_dtype_device_threads_and_processor(tmp_path, monkeypatch):
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
     measured = []
 
@@ -110,21 +110,25 @@ def test_cost_curve_cache_is_keyed_by_target_dtype_device_and_threads(tmp_path, 
     def target(name="t", dtype=torch.float32, device="cpu"):
         return SimpleNamespace(name=name, dtype=dtype, device=torch.device(device))
 
+    monkeypatch.setattr(precision, "processor", lambda device: "GPU" if device.type == "cuda" else "CPU A")
     first = budget.cost_curve(target())
     assert budget.cost_curve(target()) == first and len(measured) == 1  # same key: the cached file is reused
     variants = [target(dtype=torch.bfloat16), target(device="cuda:0"), target(name="u")]
     curves = [budget.cost_curve(t) for t in variants]
+    monkeypatch.setattr(precision, "processor", lambda device: "CPU B")  # the same VM on another chip
+    curves.append(budget.cost_curve(target()))
+    monkeypatch.setattr(precision, "processor", lambda device: "CPU A")
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if threads != 1 else 2)
         curves.append(budget.cost_curve(target()))
     finally:
         torch.set_num_threads(threads)
-    assert len(measured) == 5 and len(set(measured)) == 5  # every change of key measured anew
+    assert len(measured) == 6 and len(set(measured)) == 6  # every change of key measured anew
     files = sorted(p.name for p in (tmp_path / "cost").iterdir())
-    assert len(files) == 5 and any("bfloat16" in f for f in files) and any("cuda0" in f for f in files)
+    assert len(files) == 6 and any("bfloat16" in f for f in files) and any("cuda0" in f for f in files)
     assert all(c != first for c in curves)
-    assert budget.cost_curve(target(dtype=torch.bfloat16)) == curves[0] and len(measured) == 5  # reused
+    assert budget.cost_curve(target(dtype=torch.bfloat16)) == curves[0] and len(measured) == 6  # reused
 
 
 def test_measured_cost_curve_never_falls_below_a_smaller_tree(tiny_target, monkeypatch):

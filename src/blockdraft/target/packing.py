@@ -26,7 +26,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None):
     """F.linear(x, weight, bias), through the packed weight when there is one and it may be used."""
-    if packed is not None and x.dtype == weight.dtype and torch.is_inference_mode_enabled():
+    # under torch.compile the graph takes the plain weight (inductor's freezing packs it itself)
+    if (packed is not None and x.dtype == weight.dtype and torch.is_inference_mode_enabled()
+            and not torch.compiler.is_compiling()):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import platform
 from pathlib import Path
 
 import torch
@@ -79,10 +81,26 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def processor(device: torch.device) -> str:
+    """The chip a measurement ran on: the GPU's name, or the CPU's model and its bf16 instructions (the same
+    VM image may land on an AMX Xeon one day and an EPYC with only AVX512-BF16 the next, and their relative
+    costs differ: a 32-node tree cost 1.5 one-token steps on the first and 1.9 on the second)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        lines = CPUINFO.read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return " ".join([model] + sorted(f for f in flags if f.startswith("amx") or f.endswith("bf16")))
+
+
 def cache_key(target, threads: int | None = None) -> str:
-    """What a measurement on this target depends on, as a file name: target, dtype, device, CPU threads, and
-    whether the engine is compiled."""
+    """What a measurement on this target depends on, as a file name: target, dtype, device, CPU threads,
+    whether the engine is compiled, and the processor (a short hash of `processor`)."""
     threads = threads or torch.get_num_threads()
     device = str(target.device).replace(":", "")
     compiled = "-compiled" if getattr(target, "compiled", False) else ""
-    return f"{target.name}-{dtype_name(target.dtype)}-{device}-threads{threads}{compiled}"
+    chip = hashlib.sha1(processor(torch.device(target.device)).encode()).hexdigest()[:8]
+    return f"{target.name}-{dtype_name(target.dtype)}-{device}-threads{threads}{compiled}-{chip}"
