@@ -11,7 +11,7 @@ import torch
 
 from blockdraft import SpeculativeDecoder, methods
 from blockdraft.drafters import DraftContext, SuffixDrafter
-from blockdraft.drafters.hybrid import AcceptanceCalibrator, HybridDrafter, Proposal
+from blockdraft.drafters.hybrid import AcceptanceCalibrator, HybridDrafter, LearnedGate, Proposal
 from blockdraft.drafters.rest import Datastore
 from blockdraft.drafters.suffix_index import SuffixIndex, frequency_trie
 from blockdraft.errors import BlockdraftError
@@ -123,7 +123,7 @@ def test_the_global_tree_drafts_what_an_earlier_request_generated(tiny):
 
 @pytest.mark.parametrize("method", ["suffix", "rest", "recycle", "hybrid", "hybrid:sources=suffix,recycle",
                                     "hybrid:sources=suffix+rest+hydra", "hybrid:sources=rest:cost=off",
-                                    "hybrid:sources=suffix,treeflash:skip=0.5"])
+                                    "hybrid:sources=suffix,treeflash:skip=0.5", "hybrid:sources=suffix+bpd-tree"])
 def test_float32_output_equals_ar(tiny, method):
     prompts = [tiny.encode(p, chat_template=False) for p in ("tell me more now\n", "abcab abcab abc")]
     drafter = make_drafter(method, tiny)
@@ -195,10 +195,39 @@ def test_hybrid_skips_the_learned_drafter_on_strong_matches_and_stays_in_step(ti
     prompt = tiny.encode("abcab abcab abcab abcab abc", chat_template=False)
     ref = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 40).tokens
     for skip, runs_all in ((1e9, True), (0.5, False)):
-        drafter = make_drafter(f"hybrid:sources=suffix,treeflash:skip={skip}", tiny)
+        drafter = make_drafter(f"hybrid:sources=suffix,treeflash:skip={skip}:gate=false", tiny)
         res = SpeculativeDecoder(tiny, drafter).generate(prompt, 40)
         assert res.tokens == ref  # the block drafter's context stays in step while skipped
         assert (drafter.learned_runs == drafter.steps) == runs_all, (drafter.learned_runs, drafter.steps)
+
+
+def test_gate_runs_the_learned_drafter_only_where_its_gain_pays_for_its_time():
+    gate = LearnedGate()
+    assert gate.should_run(0.0)  # nothing timed yet
+    gate.time(learned_s=0.005, step_s=0.030)  # it costs 0.2x of a step without it
+    for _ in range(40):
+        gate.record(0.1, retrieved=0, gain=1)  # weak retrieval: the learned drafter adds a token a step
+        gate.record(3.0, retrieved=3, gain=0)  # strong retrieval: it adds nothing
+    assert all(gate.should_run(0.1) for _ in range(20))
+    runs = [gate.should_run(3.0) for _ in range(4 * LearnedGate.EXPLORE)]
+    assert sum(runs) == 4 and runs[LearnedGate.EXPLORE - 1]  # skipped, but retried every EXPLORE-th step
+    gate.time(learned_s=0.0, step_s=0.030)  # a drafter that costs nothing always pays
+    for _ in range(30):
+        gate.time(learned_s=0.0)
+    assert gate.should_run(3.0)
+
+
+def test_gate_learns_that_a_useless_learned_drafter_does_not_pay_and_stays_lossless(tiny):
+    """A random (untrained) treeflash never gets a token accepted that retrieval did not propose: after a few
+    steps the gate runs it only to explore, and the output is still the target's own."""
+    prompt = tiny.encode("the cat sat on the mat and the dog sat on the log", chat_template=False)
+    ref = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 64).tokens
+    gated = make_drafter("hybrid:sources=suffix,treeflash:skip=1e9", tiny)
+    assert SpeculativeDecoder(tiny, gated).generate(prompt, 64).tokens == ref
+    always = make_drafter("hybrid:sources=suffix,treeflash:skip=1e9:gate=false", tiny)
+    assert SpeculativeDecoder(tiny, always).generate(prompt, 64).tokens == ref
+    assert always.learned_runs == always.steps
+    assert gated.learned_runs < 0.5 * gated.steps, (gated.learned_runs, gated.steps)
 
 
 def test_bad_hybrid_options_are_refused(tiny):

@@ -69,11 +69,17 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
     return RestDrafter(store, **options)
 
 
+LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree")  # best-first trees with scores
+
+
 def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 24, skip: float = 4.0,
-                  weights: str | None = None, cost: str = "auto", learned_budget: int = 16) -> Drafter:
-    """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one of treeflash, hydra),
+                  weights: str | None = None, cost: str = "auto", learned_budget: int = 16,
+                  gate: bool = True) -> Drafter:
+    """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one learned drafter of
+    LEARNED_SOURCES),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
-    tokens from retrieval above which the learned drafter is not run), cost=auto|off (cost-aware size)."""
+    tokens from retrieval above which the learned drafter is not run), gate=true|false (run the learned
+    drafter only where its measured gain pays for its measured time), cost=auto|off (cost-aware size)."""
     from .drafters.hybrid import HybridDrafter
     from .trees.budget import cost_curve
 
@@ -90,15 +96,17 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 2
             retrieval[name] = rest_method(target)
         elif name == "recycle":
             retrieval[name] = RecycleDrafter(target.vocab_size)
-        elif name in ("treeflash", "hydra") and learned is None:
+        elif name in LEARNED_SOURCES and learned is None:
             learned = (name, METHODS[name][0](target, budget=learned_budget))
         else:
             raise BlockdraftError(f"hybrid: unknown or repeated source '{name}': use suffix, rest, recycle and "
-                                  "one of treeflash, hydra")
+                                  f"one of {', '.join(LEARNED_SOURCES)}")
     if cost not in ("auto", "off"):
         raise BlockdraftError(f"hybrid: cost must be auto or off, got '{cost}'")
     curve = cost_curve(target) if cost == "auto" else None
-    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors)))
+    if not isinstance(gate, bool):
+        raise BlockdraftError(f"hybrid: gate must be true or false, got '{gate}'")
+    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors)), gate)
 
 
 def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Drafter]:

@@ -10,14 +10,18 @@ length. A node's score is then the calibrated probability that the target accept
 path; the union of the sources' tries is merged, nodes taken best first, and under the machine's
 verification cost curve only as many as pay for their cost (possibly none).
 
-When the retrieval sources alone already expect `skip` or more accepted tokens, the learned
-drafter is not run at all this step (it only takes in the step's target features), so copying
-stretches draft at retrieval cost.
+The learned drafter costs time every step it runs (here ~5 ms against a ~25 ms step), so it runs
+only where it pays (`LearnedGate`): per bin of what the retrieval sources alone expect, the gate
+keeps how many accepted tokens the learned drafter's nodes added, and runs it when that gain beats
+its measured share of the step's time. When the retrieval sources alone already expect `skip` or
+more accepted tokens it is not run either. A skipped learned drafter only takes in the step's
+target features, so copying stretches draft at retrieval cost.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -50,6 +54,57 @@ class AcceptanceCalibrator:
     def update(self, key: tuple, accepted: bool) -> None:
         self.accepted[key] += accepted
         self.seen[key] += 1
+
+
+class LearnedGate:
+    """Should the learned drafter run this step? Learnt online, in accepted tokens per unit of time.
+
+    Per bin of `expected` (the tokens the retrieval sources alone expect to get accepted), steps where the
+    learned drafter ran record `retrieved` (accepted tokens along nodes some retrieval source proposed too)
+    and `gain` (accepted tokens past them, which only the learned drafter proposed). Running it costs
+    `learned_s` on top of a step of `step_s`, so it pays when
+        (1 + retrieved + gain) / step_s > (1 + retrieved) / (step_s - learned_s),
+    i.e. gain > (1 + retrieved) * learned_s / (step_s - learned_s). Each bin starts as if the drafter paid
+    (PRIOR_GAIN over PRIOR steps), and a bin that stopped paying is retried every EXPLORE-th step, so that its
+    estimate follows the text."""
+
+    EDGES = (0.05, 0.25, 0.5, 1.0, 2.0, 4.0)
+    PRIOR, PRIOR_GAIN, EXPLORE = 4.0, 1.0, 8
+
+    def __init__(self):
+        self.steps = defaultdict(float)
+        self.gain = defaultdict(float)
+        self.retrieved = defaultdict(float)
+        self.skipped = defaultdict(int)
+        self.learned_s = self.step_s = None  # moving averages (seconds)
+
+    def bin(self, expected: float) -> int:
+        return sum(expected >= edge for edge in self.EDGES)
+
+    def should_run(self, expected: float) -> bool:
+        b = self.bin(expected)
+        n = self.steps[b] + self.PRIOR
+        gain = (self.gain[b] + self.PRIOR * self.PRIOR_GAIN) / n
+        retrieved = self.retrieved[b] / n
+        if self.learned_s is None or self.step_s is None or self.step_s <= self.learned_s:
+            return True  # nothing measured yet
+        if gain > (1 + retrieved) * self.learned_s / (self.step_s - self.learned_s):
+            return True
+        self.skipped[b] += 1
+        return self.skipped[b] % self.EXPLORE == 0
+
+    def record(self, expected: float, retrieved: int, gain: int) -> None:
+        b = self.bin(expected)
+        self.steps[b] += 1
+        self.retrieved[b] += retrieved
+        self.gain[b] += gain
+
+    def time(self, learned_s: float | None = None, step_s: float | None = None) -> None:
+        average = lambda old, new: new if old is None else 0.9 * old + 0.1 * new  # noqa: E731
+        if learned_s is not None:
+            self.learned_s = average(self.learned_s, learned_s)
+        if step_s is not None:
+            self.step_s = average(self.step_s, step_s)
 
 
 @dataclass
@@ -92,7 +147,7 @@ class HybridDrafter(Drafter):
 
     def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 24,
                  cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0,
-                 weights: dict[str, float] | None = None):
+                 weights: dict[str, float] | None = None, gate: bool = True):
         if not retrieval and learned is None:
             raise BlockdraftError("hybrid needs at least one source")
         if budget < 1:
@@ -101,16 +156,19 @@ class HybridDrafter(Drafter):
         self.budget, self.cost_curve, self.skip = budget, CostCurve.of(cost_curve), skip
         self.weights = weights or {}
         self.calibrator = AcceptanceCalibrator()
+        self.gate = LearnedGate() if gate and learned else None
         self.feature_layers = learned[1].feature_layers if learned else ()
         self.learned_runs = self.steps = 0  # how often the learned drafter ran (for the report)
         self._last = None
+        self._ran = None  # this step's retrieval expectation when the learned drafter ran (for the gate)
+        self._step_started = None
 
     def reset(self, prompt_ids) -> None:
         for source in self.retrieval.values():
             source.reset(prompt_ids)
         if self.learned:
             self.learned[1].reset(prompt_ids)
-        self._last = None
+        self._last = self._ran = self._step_started = None
 
     def observe(self, ctx: DraftContext) -> None:
         for source in self.retrieval.values():
@@ -122,6 +180,7 @@ class HybridDrafter(Drafter):
         for source in self.retrieval.values():
             source.forget()
         self.calibrator = AcceptanceCalibrator()
+        self.gate = LearnedGate() if self.gate is not None else None
 
     def proposals(self, ctx: DraftContext, depth: int) -> list[Proposal]:
         found = []
@@ -140,11 +199,15 @@ class HybridDrafter(Drafter):
         expected = max((sum(p.score) for p in found), default=0.0)  # accepted tokens, each source alone
         if self.learned:
             name, drafter = self.learned
-            if expected >= self.skip:
+            if expected >= self.skip or (self.gate is not None and not self.gate.should_run(expected)):
                 drafter.observe(ctx)  # keep its context in step, draft nothing
             else:
                 self.learned_runs += 1
+                t0 = time.perf_counter()
                 tree, scores = drafter.scored_tree(ctx)
+                if self.gate is not None:
+                    self.gate.time(learned_s=time.perf_counter() - t0)
+                self._ran = expected
                 found.append(self._score(learned_proposal(name, tree, scores)))
         return found
 
@@ -157,7 +220,12 @@ class HybridDrafter(Drafter):
         return p
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        now = time.perf_counter()
+        if self.gate is not None and self._step_started is not None:
+            self.gate.time(step_s=now - self._step_started)  # the last step, drafting and verification
+        self._step_started = now
         self._learn(ctx.tokens)
+        self._ran = None
         self.steps += 1
         root = ctx.tokens[-1]
         depth = ctx.max_depth
@@ -199,7 +267,8 @@ class HybridDrafter(Drafter):
             return
         tree, keys, start = self._last
         self._last = None
-        node = 0
+        node, retrieved, accepted = 0, 0, 0
+        learned = self.learned[0] if self.learned else None
         returned = tokens[start:-1]  # the final token is the target's bonus, never a draft
         for d in range(len(returned) + 1):
             nxt = returned[d] if d < len(returned) else None
@@ -212,3 +281,8 @@ class HybridDrafter(Drafter):
             if accepted_child is None:
                 break
             node = accepted_child
+            accepted += 1
+            if retrieved == accepted - 1 and any(key[0] != learned for key in keys[node]):
+                retrieved = accepted  # still on a path some retrieval source proposed too
+        if self._ran is not None and self.gate is not None:
+            self.gate.record(self._ran, retrieved, accepted - retrieved)

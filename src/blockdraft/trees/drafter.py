@@ -52,16 +52,26 @@ class TreeDrafter(Drafter):
         self.base.observe(ctx)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
+        if self.builder == "static":
+            lattice = self.base.lattice(ctx)
+            if lattice is None:
+                return DraftTree.root_only(ctx.tokens[-1])
+            return static_tree(ctx.tokens[-1], lattice, self.paths, self.budget, ctx.max_depth)
+        tree, scores = self.scored_tree(ctx)
+        # with a prior the scores mix in n-gram log-probs: read exp(score) as a rough acceptance estimate
+        return keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
+
+    def scored_tree(self, ctx: DraftContext) -> tuple[DraftTree, list[float]]:
+        """The best-first tree under the budget, and each draft node's cumulative log-prob (best first)."""
+        if self.builder != "best":
+            raise BlockdraftError("only a best-first tree has scores (the static builder has none)")
         root = ctx.tokens[-1]
         lattice = self.base.lattice(ctx)
         if lattice is None:
-            return DraftTree.root_only(root)
-        if self.builder == "static":
-            return static_tree(root, lattice, self.paths, self.budget, ctx.max_depth)
+            return DraftTree.root_only(root), []
         scores: list[float] = []
         tree = best_first_tree(root, lattice, self.budget, ctx.max_depth, self.prior, self.alpha, ctx.tokens, scores)
         if self.sample and ctx.temperature > 0:
             tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature, drafting_generator(ctx),
                                         self.vocab_size)
-        # with a prior the scores mix in n-gram log-probs: read exp(score) as a rough acceptance estimate
-        return keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
+        return tree, scores
