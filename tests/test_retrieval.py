@@ -11,7 +11,7 @@ import torch
 
 from blockdraft import SpeculativeDecoder, methods
 from blockdraft.drafters import DraftContext, SuffixDrafter
-from blockdraft.drafters.hybrid import AcceptanceCalibrator, HybridDrafter, LearnedGate, Proposal
+from blockdraft.drafters.hybrid import AcceptanceCalibrator, HybridDrafter, LearnedGate
 from blockdraft.drafters.rest import Datastore
 from blockdraft.drafters.suffix_index import SuffixIndex, frequency_trie
 from blockdraft.errors import BlockdraftError

@@ -85,7 +85,8 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 2
 
     # '+' separates sources inside bench's comma-separated --methods list; ',' works elsewhere
     names = [n.strip() for n in str(sources).replace("+", ",").split(",") if n.strip()]
-    factors = [float(w) for w in str(weights).replace("+", ",").split(",")] if weights is not None else [1.0] * len(names)
+    factors = ([float(w) for w in str(weights).replace("+", ",").split(",")] if weights is not None
+               else [1.0] * len(names))
     if len(factors) != len(names):
         raise BlockdraftError(f"hybrid: {len(names)} sources but {len(factors)} weights")
     retrieval, learned = {}, None
