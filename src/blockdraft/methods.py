@@ -114,25 +114,26 @@ def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Draf
     """Factory for a tree method: budget=B (draft nodes), prior=A (weight of the shipped n-gram LM
     in best-first scores, 0 = off), lm=DIR (another n-gram LM), plus the base drafter's options."""
     def factory(target: Target, budget: int | str = budget, prior: float = 0.0, lm: str | None = None,
-                sample: bool = False, **options) -> Drafter:
+                sample: bool = False, draft_temp: float = 1.0, **options) -> Drafter:
         from .trees.budget import cost_curve
         from .trees.drafter import TreeDrafter
 
         ngram = shipped_rescorer(target, "ngram", lm) if prior > 0 else None
         curve = cost_curve(target) if budget == "auto" else None
         return TreeDrafter(METHODS[base][0](target, **options), builder, budget, ngram, prior, cost_curve=curve,
-                           sample=sample, vocab_size=target.vocab_size)
+                           sample=sample, vocab_size=target.vocab_size, draft_temp=draft_temp)
     return factory
 
 
 def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
     """Factory for a parent-conditioned tree method: the base drafter (its options) + its AR-approximation
     module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K);
-    sample=1: at T > 0 children are sampled from the module's distribution, with q (trees/sampled.py).
+    sample=1: at T > 0 children are sampled from the module's distribution, with q (trees/sampled.py), drawn at
+    draft_temp= times the decoder's temperature (default 1).
     The budget defaults to 'auto': sized per step by the cost curve at the current context length, which on
     held-out ShareGPT matched a fixed 16 nodes and at long contexts kept the trees ahead of `ar`."""
     def factory(target: Target, module: str | None = None, budget: int | str = "auto", parents: int = 8,
-                children: int = 8, sample: bool = False, **options) -> Drafter:
+                children: int = 8, sample: bool = False, draft_temp: float = 1.0, **options) -> Drafter:
         from .drafters.treeflash import TreeFlashDrafter
         from .trees.budget import cost_curve
 
@@ -140,7 +141,8 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
         folder = module or shipped_checkpoint(target, method, train_as)
         curve = cost_curve(target) if budget == "auto" else None
         return TreeFlashDrafter.from_pretrained(folder, target, drafter, budget=budget, parents=parents,
-                                                children=children, cost_curve=curve, sample=sample)
+                                                children=children, cost_curve=curve, sample=sample,
+                                                draft_temp=draft_temp)
     return factory
 
 
@@ -214,10 +216,14 @@ def make_drafter(method: str, target: Target, **options) -> Drafter:
     name, spec_options = parse_method(method)
     if name not in METHODS:
         raise BlockdraftError(f"unknown method '{name}': choose one of {', '.join(METHODS)}")
+    options = {**spec_options, **options}
+    int8 = options.pop("int8", False)
+    if not isinstance(int8, bool):
+        raise BlockdraftError(f"int8 must be true or false, got '{int8}'")
     try:
-        drafter = METHODS[name][0](target, **{**spec_options, **options})
+        drafter = METHODS[name][0](target, **options)
     except TypeError as e:
         raise BlockdraftError(f"bad option for method '{name}': {e}") from None
     drafter.name = method
-    prepack_linears(drafter)  # decoding only: training builds its modules elsewhere
+    prepack_linears(drafter, int8)  # decoding only: training builds its modules elsewhere
     return drafter

@@ -70,7 +70,9 @@ class TreeFlashDrafter(Drafter):
     `sample=True`: at T > 0 the best-first tree keeps its shape, and each node's children are drawn
     without replacement from its transition row (the module's distribution given the node's token, over
     its top SAMPLE_SUPPORT tokens) at the decoder's temperature, with q reported for multi-draft
-    rejection (trees/sampled.py)."""
+    rejection (trees/sampled.py). `draft_temp` scales the temperature the children are drawn at (1 = the
+    decoder's): any q keeps the output exact, and a drafter whose distribution is flatter or sharper than
+    the target's accepts more when drawn at another temperature."""
 
     SAMPLE_SUPPORT = 32  # tokens of each transition row a sampled child may be drawn from
 
@@ -79,7 +81,7 @@ class TreeFlashDrafter(Drafter):
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
                  children: int = 8, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, draft_temp: float = 1.0):
         cost_curve = CostCurve.of(cost_curve)
         budget = node_budget(budget, cost_curve)  # budget 'auto': build to the curve's largest B, keep the best
         if parents < 1 or children < 1:
@@ -88,7 +90,9 @@ class TreeFlashDrafter(Drafter):
         self.budget, self.parents, self.children = budget, parents, children
         if sample and vocab_size is None:
             raise BlockdraftError("sampled TreeFlash trees need the target's vocabulary size")
-        self.sample, self.vocab_size = sample, vocab_size
+        if not draft_temp > 0:
+            raise BlockdraftError(f"draft_temp must be positive, got {draft_temp}")
+        self.sample, self.vocab_size, self.draft_temp = sample, vocab_size, draft_temp
         self.cost_curve = cost_curve
         self.feature_layers = base.feature_layers
         self.last_lattice = None
@@ -151,6 +155,7 @@ class TreeFlashDrafter(Drafter):
         tree = best_first_transition_tree(root, lattice, parents, tokens[..., : self.children],
                                           logp[..., : self.children], self.budget, ctx.max_depth, scores)
         if sample:  # the same shape, its children drawn from the wider rows
-            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature, drafting_generator(ctx),
+            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature * self.draft_temp,
+                                        drafting_generator(ctx),
                                         self.vocab_size, parents, tokens, logp)
         return tree, scores

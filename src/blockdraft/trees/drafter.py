@@ -23,11 +23,12 @@ class TreeDrafter(Drafter):
     `sample=True` (best-first only): at T > 0 the best-first tree's nodes are refilled with children
     drawn from the depth's temperature-adjusted marginal without replacement, and their q is reported
     (trees/sampled.py); at T = 0 the tree is the deterministic one. `vocab_size` (the target's) sizes q.
+    `draft_temp` scales the temperature the children are drawn at (1 = the decoder's; any q stays exact).
     """
 
     def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
                  paths=DEFAULT_STATIC_PATHS, cost_curve: CostCurve | dict[int, float] | None = None,
-                 sample: bool = False, vocab_size: int | None = None):
+                 sample: bool = False, vocab_size: int | None = None, draft_temp: float = 1.0):
         if builder not in BUILDERS:
             raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
         if cost_curve is not None and builder != "best":
@@ -42,7 +43,9 @@ class TreeDrafter(Drafter):
         if sample and (builder != "best" or vocab_size is None):
             raise BlockdraftError("sampled trees need the best-first builder (and the target's vocabulary size)")
         self.paths, self.cost_curve = paths, cost_curve
-        self.sample, self.vocab_size = sample, vocab_size
+        if not draft_temp > 0:
+            raise BlockdraftError(f"draft_temp must be positive, got {draft_temp}")
+        self.sample, self.vocab_size, self.draft_temp = sample, vocab_size, draft_temp
         self.feature_layers = base.feature_layers
 
     def reset(self, prompt_ids) -> None:
@@ -72,6 +75,6 @@ class TreeDrafter(Drafter):
         scores: list[float] = []
         tree = best_first_tree(root, lattice, self.budget, ctx.max_depth, self.prior, self.alpha, ctx.tokens, scores)
         if self.sample and ctx.temperature > 0:
-            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature, drafting_generator(ctx),
-                                        self.vocab_size)
+            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature * self.draft_temp,
+                                        drafting_generator(ctx), self.vocab_size)
         return tree, scores
