@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from blockdraft import DraftContext, SamplingParams
+from blockdraft.errors import BlockdraftError
 from blockdraft.drafters.base import Drafter, LatticeDrafter
 from blockdraft.drafters.lattice import DraftLattice
 from blockdraft.trees import DraftTree
@@ -99,9 +100,9 @@ def markov_counts(drafter, params, n, seed=0):
     return counts, accepted
 
 
-def marginal_tree(seed=0, budget=7):
+def marginal_tree(seed=0, budget=7, draft_temp=1.0):
     logp = torch.randn(4, V, generator=torch.Generator().manual_seed(seed))
-    return TreeDrafter(FixedLattice(logp), "best", budget, sample=True, vocab_size=V)
+    return TreeDrafter(FixedLattice(logp), "best", budget, sample=True, vocab_size=V, draft_temp=draft_temp)
 
 
 def test_sampled_tree_rows_are_the_draw_sequence():
@@ -135,12 +136,22 @@ def test_at_temperature_zero_the_tree_is_the_deterministic_one():
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4, top_p=0.9)])
-@pytest.mark.parametrize("kind", ["marginal", "tables"])
+@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper"])
 def test_sampled_trees_sample_the_target_distribution(kind, params):
+    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5)."""
     n = 12000
-    drafter = marginal_tree() if kind == "marginal" else TableDrafter(DRAFT_TABLE)
+    drafter = {"marginal": lambda: marginal_tree(), "tables": lambda: TableDrafter(DRAFT_TABLE),
+               "marginal-drawn-sharper": lambda: marginal_tree(draft_temp=0.5)}[kind]()
     counts, _ = markov_counts(drafter, params, n)
     assert chi_square_p(counts, markov_expected(params, TABLE), n) > 0.01
+
+
+def test_draft_temp_changes_the_draws_and_is_checked():
+    sharp = marginal_tree(draft_temp=0.05).propose(DraftContext([0], None, 8, None, 1.0, torch.Generator()))
+    flat = marginal_tree().propose(DraftContext([0], None, 8, None, 1.0, torch.Generator()))
+    assert sharp.q[1].max() > 0.9 and flat.q[1].max() < 0.5  # drawn (and reported) at 0.05 x T: nearly one-hot
+    with pytest.raises(BlockdraftError, match="draft_temp must be positive"):
+        marginal_tree(draft_temp=0.0)
 
 
 def test_with_replacement_q_on_draws_without_replacement_fails_the_same_test():
