@@ -13,7 +13,6 @@ from tiny_checkpoints import in_dtype
 from blockdraft import SamplingParams, SpeculativeDecoder, Target, methods
 from blockdraft.bench import ties
 from blockdraft.drafters import HeadsDrafter
-from blockdraft.errors import BlockdraftError
 from blockdraft.methods import METHODS, make_drafter
 
 TOKENS = 32
@@ -166,49 +165,3 @@ def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
     assert linears and heads
     assert all(getattr(m, "_packed", None) is not None for m in linears)
     assert all(m.packed is not None for m in heads)
-
-
-def test_int8_weights_serve_few_row_calls_only():
-    """int8=true keeps a per-channel int8 copy that few-row calls read (half the bytes of bf16); larger
-    calls keep the packed bf16 weight, bitwise."""
-    from blockdraft.target import packing
-
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
-    ref = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
-    ref.load_state_dict(lin.state_dict())
-    packing.prepack_linears(lin, int8=True)
-    packing.prepack_linears(ref)
-    q, scales = lin._int8
-    dequant = q.float() * scales.float()[:, None]
-    # rounding to the nearest step of its row: at most half a step off (a little more at the clamp)
-    assert ((dequant - lin.weight.float()).abs() <= 0.6 * scales.float()[:, None]).all()
-    with torch.inference_mode():
-        few = torch.randn(packing.INT8_MAX_ROWS, 64, dtype=torch.bfloat16)
-        expected = (few.float() @ dequant.T + lin.bias.float())
-        assert torch.allclose(lin(few).float(), expected, atol=0.05, rtol=0.02)
-        assert not torch.equal(lin(few), ref(few))  # the int8 copy was read, not the bf16 weight
-        many = torch.randn(packing.INT8_MAX_ROWS + 1, 64, dtype=torch.bfloat16)
-        assert torch.equal(lin(many), ref(many))
-    assert packing.quantize(lin.weight.float()) is None  # float32 drafters keep their exact weights
-
-
-@pytest.mark.parametrize("method", ["hydra:int8=true", "bpd:int8=true", "hybrid:sources=suffix+hydra:int8=true"])
-def test_int8_drafters_stay_lossless_and_leave_the_target_alone(bf16, greedy_reference, method):
-    prompts, ar, reference, tolerance = greedy_reference
-    before = {k: v.clone() for k, v in bf16.model.state_dict().items()}
-    drafter = make_drafter(method, bf16)
-    modules = [m for m in drafter.learned[1].base.model.modules()] if hasattr(drafter, "learned") else []
-    for qid, (prompt, ref) in enumerate(zip(prompts, ar)):
-        res = SpeculativeDecoder(bf16, drafter).generate(prompt, TOKENS)
-        identical, found, _ = ties.classify_question(qid, [ref], [res.tokens], lambda t: prompt, reference,
-                                                     tolerance)
-        assert identical + len(found) == 1 and all(d.tie for d in found), found
-    assert all(getattr(m, "_int8", None) is not None for m in modules if isinstance(m, torch.nn.Linear))
-    assert all(not hasattr(m, "_int8") for m in bf16.model.modules())  # the target is never quantized
-    assert all(torch.equal(v, before[k]) for k, v in bf16.model.state_dict().items())
-
-
-def test_int8_option_is_checked(bf16):
-    with pytest.raises(BlockdraftError, match="int8 must be true or false"):
-        make_drafter("hydra:int8=2", bf16)
