@@ -102,6 +102,25 @@ def test_later_turns_answer_the_targets_own_earlier_replies(chat_model_dir, tmp_
     assert turns[3]["value"] == ar.generate(target.encode_chat(history), 12).text  # given its own first reply
 
 
+@pytest.mark.parametrize("extra", [(), ("--temperature", "0.9", "--seed", "3")])
+def test_batched_replies_are_the_same_conversations(chat_model_dir, prompts, tmp_path, extra):
+    """--batch 3 (continuous batching, two turns each) writes what one conversation at a time writes, in
+    float32: every turn greedy (or sampled from its own seed) given the target's own earlier replies."""
+    two = ["--turns", "2", "--max-prompt-tokens", "400", "--method", "lookup", *extra]
+    data = tmp_path / "multi.json"
+    records = json.loads(prompts.read_text())
+    for r in records:  # a second human turn each
+        r["conversations"] += [{"from": "human", "value": "and more"}]
+    data.write_text(json.dumps(records))
+    assert run(chat_model_dir, data, tmp_path / "one.jsonl", *two) == 0
+    assert run(chat_model_dir, data, tmp_path / "three.jsonl", *two, "--batch", "3") == 0
+    one, three = lines(tmp_path / "one.jsonl"), lines(tmp_path / "three.jsonl")
+    assert len(one) == 6 and any(len(r["conversations"]) == 4 for r in one)
+    for r in one + three:
+        r["selfdistill"].pop("batch")
+    assert sorted(three, key=lambda r: r["id"]) == sorted(one, key=lambda r: r["id"])
+
+
 def test_time_limit_and_errors(chat_model_dir, prompts, tmp_path, capsys, tiny_model_dir):
     assert run(chat_model_dir, prompts, tmp_path / "t.jsonl", "--max-minutes", "1e-9") == 0
     assert "stopped: time limit" in capsys.readouterr().out
