@@ -299,3 +299,22 @@ def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, tr
     fresh = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, cls.from_pretrained(root / kind, tiny))
     row = analyze_prompt(tiny, base, {"tree": fresh}, ids, "toy", 24)
     assert row.replayed["tree"] == pytest.approx(res.stats.tau)  # the replay is exact for trees too
+
+
+def test_ar_module_fine_tunes_from_an_earlier_module(tiny, stores, trained, tmp_path):
+    """--init-module: training starts from the earlier module's weights (not from the identity) and records it."""
+    from blockdraft.drafters.treeflash import TreeFlashDrafter
+    from blockdraft.train.treeflash import TreeFlashTrainConfig, evaluate_treeflash, train_treeflash
+
+    root, heads, _ = trained
+    train, valid = stores
+    cfg = dict(init=str(root / "heads"), inner_size=32, lr=3e-3, batch=64)
+    first = train_treeflash(tiny, train, valid, tmp_path / "first", TreeFlashTrainConfig(epochs=4, **cfg))
+    tuned = train_treeflash(tiny, train, valid, tmp_path / "tuned",
+                            TreeFlashTrainConfig(epochs=4, init_module=str(tmp_path / "first"), **{**cfg, "lr": 1e-3}))
+    assert logged_losses(tmp_path / "tuned")[0] < logged_losses(tmp_path / "first")[0]  # not from scratch
+    assert sum(evaluate_treeflash(tuned, valid).accuracy) >= 0.9 * sum(evaluate_treeflash(first, valid).accuracy)
+    config = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert config["training"]["init_training"]["steps"] > 0  # the first run's record is kept
+    assert config["training"]["command_config"]["init_module"] == str(tmp_path / "first")
+    TreeFlashDrafter.from_pretrained(tmp_path / "tuned", tiny, HeadsDrafter.from_pretrained(root / "heads", tiny))

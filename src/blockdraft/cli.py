@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init", default=None,
                    help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter or BPD heads "
                         "to build on")
+    t.add_argument("--init-module", default=None,
+                   help="treeflash: start the AR module from this one (trained on the same --init base): fine-tune")
     t.add_argument("--style", default=None,
                    help="heads: ffn (default) or medusa (Medusa's x + SiLU(Wx+b) heads); block: blockdraft (default) "
                         "or dflash (DFlash's own architecture): the styles `blockdraft export --to vllm` can write")
@@ -305,7 +307,7 @@ def cmd_train(args) -> int:
     from .train.run import saved_run, train_command, training_config
 
     names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "num_layers", "gamma", "draft_vocab", "lr", "seed",
-             "order", "min_count", "width", "init", "style")
+             "order", "min_count", "width", "init", "init_module", "style")
     options = {k: getattr(args, k) for k in names}
     if args.resume is not None:  # the run's own arguments, unless given again
         folder = args.out if args.resume is True else args.resume

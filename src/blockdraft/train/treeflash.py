@@ -21,6 +21,7 @@ from .heads import HeadPositions
 @dataclass
 class TreeFlashTrainConfig:
     init: str | None = None  # the base drafter checkpoint (required): a block drafter, or BPD heads
+    init_module: str | None = None  # start from this AR module (trained on the same base): fine-tuning
     batch: int = 256  # positions per step, on BPD heads
     inner_size: int = 1152
     epochs: float = 2.0
@@ -117,8 +118,12 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     base = load_base(cfg.init, target)
-    module = ARApproxModule(ARApproxConfig(target.hidden_size, cfg.inner_size, block_drafter=str(cfg.init),
-                                           base_kind=base.kind)).to(target.device)
+    if cfg.init_module:  # its weights in float32, its shape; the record keeps what it started from
+        module = TreeFlashDrafter.from_pretrained(cfg.init_module, target, base).module.float().train()
+        module.config.block_drafter = str(cfg.init)
+    else:
+        module = ARApproxModule(ARApproxConfig(target.hidden_size, cfg.inner_size, block_drafter=str(cfg.init),
+                                               base_kind=base.kind)).to(target.device)
     drafter = TreeFlashDrafter(base, module)
     t2d = base.lm_head.target_to_draft(target.vocab_size)
     depth = base.config.gamma - 1 if isinstance(base, BlockDrafter) else base.config.num_heads
@@ -142,7 +147,10 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
                 break
     trainer.close()
     module.eval()
+    earlier = module.config.training
     module.config.training = trainer.record(cfg, store)
+    if cfg.init_module:
+        module.config.training["init_training"] = earlier
     if valid is not None:
         metrics = evaluate_treeflash(drafter, valid)
         module.config.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy])
