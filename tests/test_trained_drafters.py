@@ -318,3 +318,21 @@ def test_ar_module_fine_tunes_from_an_earlier_module(tiny, stores, trained, tmp_
     assert config["training"]["init_training"]["steps"] > 0  # the first run's record is kept
     assert config["training"]["command_config"]["init_module"] == str(tmp_path / "first")
     TreeFlashDrafter.from_pretrained(tmp_path / "tuned", tiny, HeadsDrafter.from_pretrained(root / "heads", tiny))
+
+
+def test_block_drafter_fine_tunes_from_a_checkpoint(tiny, stores, trained, tmp_path):
+    """train --drafter block --init DIR: starts from the checkpoint (its gamma, layers and vocabulary)."""
+    root, _, block = trained
+    train, valid = stores
+    cfg = BlockTrainConfig(gamma=6, epochs=1, lr=1e-3, anchors_per_seq=12, seqs_per_step=2, init=str(root / "block"))
+    tuned = train_block(tiny, train, valid, tmp_path / "tuned", cfg)
+    assert tuned.config.gamma == block.config.gamma == 4  # the checkpoint's, not the option's
+    assert torch.equal(tuned.lm_head.vocab, block.lm_head.vocab)
+    fresh = logged_losses(root / "block")[0]  # the first run's first loss, from scratch
+    assert logged_losses(tmp_path / "tuned")[0] < 0.9 * fresh
+    config = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert config["training"]["init_training"]["steps"] > 0
+    ids = tiny.encode("tell me more now")
+    again = BlockDrafter.from_pretrained(tmp_path / "tuned", tiny)
+    ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
+    assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens

@@ -193,8 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
     t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
     t.add_argument("--init", default=None,
-                   help="heads: start from this checkpoint (fine-tune); treeflash: the block drafter or BPD heads "
-                        "to build on")
+                   help="heads, block: start from this checkpoint (fine-tune); treeflash: the block drafter or BPD "
+                        "heads to build on")
     t.add_argument("--init-module", default=None,
                    help="treeflash: start the AR module from this one (trained on the same --init base): fine-tune")
     t.add_argument("--style", default=None,

@@ -31,6 +31,7 @@ class BlockTrainConfig:
     seed: int = 0
     style: str = "blockdraft"  # drafters.block.BLOCK_STYLES; "dflash" is the one vLLM can load
     mask_token_id: int | None = None  # style "dflash" (default: default_mask_token)
+    init: str | None = None  # start from this block drafter (its architecture, layers, statistics, vocabulary)
 
 
 def default_mask_token(target) -> int:
@@ -97,10 +98,8 @@ def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Gen
     return np.sort(rng.choice(cand, size=min(k, len(cand)), replace=False))
 
 
-def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BlockTrainConfig,
-                resume: bool = False) -> BlockDrafter:
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
+def new_block_drafter(target, store: FeatureStore, cfg: BlockTrainConfig):
+    """(drafter, model, its config, feature layers) for a fresh block drafter on `store`'s layers."""
     layers = tuple(store.layers)  # spaced layers for the context, then the final normed state
     dflash = cfg.style == "dflash"
     if dflash:  # vLLM hands a drafter residual-stream states only, never the final normed one
@@ -121,6 +120,23 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     model.float().to(target.device)  # float32 weights; forward passes autocast to a bf16 target's dtype
     vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
     drafter = for_training(BlockDrafter.for_target(model, target, vocab))
+    return drafter, model, model_cfg, layers
+
+
+def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BlockTrainConfig,
+                resume: bool = False) -> BlockDrafter:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    if cfg.init:
+        drafter = for_training(BlockDrafter.from_pretrained(cfg.init, target))
+        model, model_cfg = drafter.model, drafter.model.config
+        earlier, layers, cfg.gamma = model_cfg.training, tuple(model_cfg.feature_layers), model_cfg.gamma
+        if not set(layers) <= set(store.layers):
+            raise BlockdraftError(f"--init {cfg.init} reads target layers {layers}; the feature store {store.path} "
+                                  f"holds {tuple(store.layers)}")
+    else:
+        drafter, model, model_cfg, layers = new_block_drafter(target, store, cfg)
+        earlier = None
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
     cols = store.layer_slice(layers)
     weights = depth_weights(cfg.gamma - 1, cfg.gamma)
@@ -154,6 +170,8 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     trainer.close()
     model.eval()
     model_cfg.training = trainer.record(cfg, store)
+    if cfg.init:
+        model_cfg.training["init_training"] = earlier
     if valid is not None:
         metrics = evaluate_block(drafter, valid, cols)
         model_cfg.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],
