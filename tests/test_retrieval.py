@@ -237,6 +237,21 @@ def test_bad_hybrid_options_are_refused(tiny):
         make_drafter("hybrid:sources=suffix,rest:weights=1", tiny)
     with pytest.raises(BlockdraftError, match="unknown or repeated source 'hydra'"):
         make_drafter("hybrid:sources=treeflash,hydra", tiny)
+    with pytest.raises(BlockdraftError, match="option.s. module need a learned source"):
+        make_drafter("hybrid:sources=suffix:module=x", tiny)
+    with pytest.raises(BlockdraftError, match="bad option for method 'hybrid'"):
+        make_drafter("hybrid:sources=suffix,treeflash:nonsense=1", tiny)
+
+
+def test_hybrid_hands_other_options_to_its_learned_source(tiny, checkpoints, tmp_path):
+    """hybrid:module=DIR (or checkpoint=DIR) picks the learned drafter's own files, e.g. a candidate module."""
+    import shutil
+
+    shutil.copytree(checkpoints / tiny.name / "treeflash", tmp_path / "module")
+    drafter = make_drafter(f"hybrid:sources=suffix,treeflash:module={tmp_path / 'module'}:parents=2", tiny)
+    assert drafter.learned[1].parents == 2
+    with pytest.raises(BlockdraftError, match="is not a drafter checkpoint"):
+        make_drafter(f"hybrid:sources=suffix,treeflash:module={tmp_path / 'nowhere'}", tiny)
 
 
 def test_propose_returns_a_valid_tree_at_the_depth_limit(tiny):

@@ -74,12 +74,13 @@ LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree")  # best-first tre
 
 def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 24, skip: float = 4.0,
                   weights: str | None = None, cost: str = "auto", learned_budget: int = 16,
-                  gate: bool = True) -> Drafter:
+                  gate: bool = True, **learned_options) -> Drafter:
     """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one learned drafter of
     LEARNED_SOURCES),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
     tokens from retrieval above which the learned drafter is not run), gate=true|false (run the learned
-    drafter only where its measured gain pays for its measured time), cost=auto|off (cost-aware size)."""
+    drafter only where its measured gain pays for its measured time), cost=auto|off (cost-aware size); any other
+    option goes to the learned drafter (e.g. checkpoint=, module=)."""
     from .drafters.hybrid import HybridDrafter
     from .trees.budget import cost_curve
 
@@ -98,10 +99,12 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 2
         elif name == "recycle":
             retrieval[name] = RecycleDrafter(target.vocab_size)
         elif name in LEARNED_SOURCES and learned is None:
-            learned = (name, METHODS[name][0](target, budget=learned_budget))
+            learned = (name, METHODS[name][0](target, budget=learned_budget, **learned_options))
         else:
             raise BlockdraftError(f"hybrid: unknown or repeated source '{name}': use suffix, rest, recycle and "
                                   f"one of {', '.join(LEARNED_SOURCES)}")
+    if learned is None and learned_options:
+        raise BlockdraftError(f"hybrid: option(s) {', '.join(learned_options)} need a learned source")
     if cost not in ("auto", "off"):
         raise BlockdraftError(f"hybrid: cost must be auto or off, got '{cost}'")
     curve = cost_curve(target) if cost == "auto" else None
