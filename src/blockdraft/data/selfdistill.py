@@ -2,7 +2,7 @@
 
 A drafter is judged on the target's *own* output, but ShareGPT replies were written by another
 model; Medusa and EAGLE both found that training on the target's regenerated replies raises
-acceptance. Replies come from our own engine (`Target` + `SpeculativeDecoder`, method `ar` or
+acceptance. Replies come from our own engine (`Target` + `BatchDecoder`, method `ar` or
 `lookup` or any trained drafter), in the target's dtype, greedy or sampled: lossless, so they are
 the target's replies, only faster. Each record keeps its ShareGPT id, so `split_conversations`
 holds out the same validation conversations as for the original file (a share of held-out
@@ -61,35 +61,11 @@ def record_seed(seed: int, rid: str, turn: int = 0) -> int:
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
 
 
-def reply_to(decoder, target, texts, rid, max_new_tokens, max_prompt_tokens, seed):
-    """The conversation with the target's own reply to each human turn (given its own earlier replies), up to
-    the first turn whose prompt is longer than max_prompt_tokens; (turns, reply tokens, target calls)."""
-    messages, turns, tokens, calls = [], [], 0, 0
-    for k, text in enumerate(texts):
-        messages.append({"role": "user", "content": text})
-        ids = target.encode_chat(messages)
-        if len(ids) > max_prompt_tokens:
-            break
-        result = decoder.generate(ids, max_new_tokens, seed=record_seed(seed, rid, k))
-        if not result.text.strip():
-            break  # an immediate end of turn: nothing to learn from, nor to continue
-        messages.append({"role": "assistant", "content": result.text})
-        turns += [{"from": "human", "value": text}, {"from": "gpt", "value": result.text}]
-        tokens, calls = tokens + len(result.tokens), calls + result.stats.target_calls
-    return turns, tokens, calls
-
-
-def one_at_a_time(decoder, target, prompts, max_new_tokens, max_prompt_tokens, seed):
-    """(id, turns, reply tokens, target calls) of each conversation that got a reply, one after another."""
-    for rid, texts in prompts:
-        conversation, n, calls = reply_to(decoder, target, texts, rid, max_new_tokens, max_prompt_tokens, seed)
-        if conversation:  # else its first prompt is too long, or the target ends its turn at once
-            yield rid, conversation, n, calls
-
-
-def batched(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens, seed, batch):
-    """As `one_at_a_time`, `batch` conversations decoding together (BatchDecoder), in the order they finish.
-    Each turn is what `reply_to` would give it: its own seed, its own earlier replies, the same stopping."""
+def replies(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens, seed, batch):
+    """(id, turns, reply tokens, target calls) of each conversation that got a reply, `batch` of them decoding
+    together (BatchDecoder; batch 1 is one after another), in the order they finish. Each turn has its own seed
+    (from `seed`, the id and the turn) and follows the target's own earlier replies; a conversation ends at its
+    last turn, at a prompt longer than `max_prompt_tokens`, or at an empty reply (nothing to learn from)."""
     from ..decoding.batch import BatchDecoder
 
     decoder = BatchDecoder(target, max_batch=batch)
@@ -120,7 +96,7 @@ def batched(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens,
             if seq.error is not None:
                 raise seq.error
             conv, result = seq.tag, seq.result
-            more = bool(result.text.strip())  # an immediate end of turn: nothing to learn from, nor to continue
+            more = bool(result.text.strip())
             if more:
                 conv["messages"].append({"role": "assistant", "content": result.text})
                 conv["turns"] += [{"from": "human", "value": conv["messages"][-2]["content"]},
@@ -139,7 +115,6 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
     """Append the target's replies to the training split's prompts (the first `turns` human turns of each
     conversation) to `out` (JSONL) until ~max_tokens reply tokens are in the file, `batch` conversations at a
     time. Returns a summary (records and tokens written now and in total, tau, why it stopped)."""
-    from ..decoding import SpeculativeDecoder
     from ..methods import make_drafter
     from ..verify import SamplingParams
 
@@ -158,11 +133,7 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
     done, total = done_so_far(out)
     prompts = itertools.chain(itertools.islice(human_turns(valid, turns), n_valid), human_turns(train, turns))
     prompts = ((rid, texts) for rid, texts in prompts if rid not in done)
-    if batch > 1:
-        replies = batched(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens, seed, batch)
-    else:
-        decoder = SpeculativeDecoder(target, drafter, params)
-        replies = one_at_a_time(decoder, target, prompts, max_new_tokens, max_prompt_tokens, seed)
+    answered = replies(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens, seed, batch)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, written, new_tokens, calls, stop = time.time(), 0, 0, 0, "prompts exhausted"
     settings = {"target": target.name, "method": method, "temperature": temperature, "top_p": top_p, "top_k": top_k,
@@ -180,7 +151,7 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
                 if max_minutes and time.time() - t0 >= max_minutes * 60:
                     stop = "time limit"
                     break
-                item = next(replies, None)  # in a batch, conversations still decoding at a stop are dropped
+                item = next(answered, None)  # in a batch, conversations still decoding at a stop are dropped
                 if item is None:
                     break
                 rid, conversation, n, c = item

@@ -156,6 +156,5 @@ class TreeFlashDrafter(Drafter):
                                           logp[..., : self.children], self.budget, ctx.max_depth, scores)
         if sample:  # the same shape, its children drawn from the wider rows
             tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature * self.draft_temp,
-                                        drafting_generator(ctx),
-                                        self.vocab_size, parents, tokens, logp)
+                                        drafting_generator(ctx), self.vocab_size, parents, tokens, logp)
         return tree, scores
