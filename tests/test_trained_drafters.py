@@ -336,3 +336,24 @@ def test_block_drafter_fine_tunes_from_a_checkpoint(tiny, stores, trained, tmp_p
     again = BlockDrafter.from_pretrained(tmp_path / "tuned", tiny)
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
     assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens
+
+
+def test_fine_tune_grows_the_draft_vocabulary(tiny, stores, trained, tmp_path):
+    """--init with a larger --draft-vocab keeps the checkpoint's tokens, adds the store's next most frequent,
+    trains, saves the larger vocabulary and stays lossless; a smaller one is refused."""
+    root, heads, block = trained
+    train, valid = stores
+    cfg = BlockTrainConfig(draft_vocab=30, epochs=1, lr=1e-3, anchors_per_seq=12, seqs_per_step=2,
+                           init=str(root / "block"))
+    tuned = train_block(tiny, train, valid, tmp_path / "grown", cfg)
+    old, new = set(block.lm_head.vocab.tolist()), set(tuned.lm_head.vocab.tolist())
+    assert len(new) == 30 and old < new
+    assert json.loads((tmp_path / "grown" / "config.json").read_text())["draft_vocab"] == 30
+    again = BlockDrafter.from_pretrained(tmp_path / "grown", tiny)
+    assert torch.equal(again.lm_head.vocab, tuned.lm_head.vocab)
+    ids = tiny.encode("tell me more now")
+    ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
+    assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens
+    with pytest.raises(BlockdraftError, match="can only grow"):  # the heads use the full vocabulary
+        train_heads(tiny, train, valid, tmp_path / "shrunk",
+                    HeadsTrainConfig(draft_vocab=20, epochs=1, batch=64, init=str(root / "heads")))

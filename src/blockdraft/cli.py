@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--num-layers", type=int, default=None, help="block: drafter layers (default 2)")
     t.add_argument("--gamma", type=int, default=None, help="block: block size incl. the last token (default 8)")
     t.add_argument("--draft-vocab", type=int, default=None,
-                   help="most frequent target tokens the drafter may propose (default 8192; 0 = all)")
+                   help="most frequent target tokens the drafter may propose (default 8192; 0 = all); with --init, "
+                        "a larger one grows the checkpoint's vocabulary")
     t.add_argument("--order", type=int, default=None, help="ngram: n-gram order 2..5 (default 4)")
     t.add_argument("--min-count", type=int, default=None,
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")

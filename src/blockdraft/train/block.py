@@ -10,8 +10,8 @@ import torch
 from ..drafters.block import BlockConfig, BlockDrafter, BlockModel
 from ..drafters.layers import FrozenLMHead
 from ..errors import BlockdraftError
-from .common import (DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary, for_training,
-                     mixed_precision)
+from .common import (DEFAULT_DRAFT_VOCAB, DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary,
+                     for_training, grow_vocabulary, mixed_precision)
 from .features import FeatureStore
 
 
@@ -19,7 +19,7 @@ from .features import FeatureStore
 class BlockTrainConfig:
     num_layers: int = 2
     gamma: int = 8
-    draft_vocab: int = 8192
+    draft_vocab: int | None = None  # None: 8192 for a new run, the checkpoint's with --init (which may grow it)
     epochs: float = 1.0
     lr: float = 1e-3
     anchors_per_seq: int = 0  # 0: one per gamma - 1 reply positions (an epoch trains each reply token ~once)
@@ -118,7 +118,8 @@ def new_block_drafter(target, store: FeatureStore, cfg: BlockTrainConfig):
                         dtype=np.float32)
     model.set_feature_stats(torch.from_numpy(sample.mean(0)), torch.from_numpy(sample.std(0)))
     model.float().to(target.device)  # float32 weights; forward passes autocast to a bf16 target's dtype
-    vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
+    vocab = draft_vocabulary(store, DEFAULT_DRAFT_VOCAB if cfg.draft_vocab is None else cfg.draft_vocab,
+                             sorted(target.eos_token_ids))
     drafter = for_training(BlockDrafter.for_target(model, target, vocab))
     return drafter, model, model_cfg, layers
 
@@ -131,6 +132,7 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
         drafter = for_training(BlockDrafter.from_pretrained(cfg.init, target))
         model, model_cfg = drafter.model, drafter.model.config
         earlier, layers, cfg.gamma = model_cfg.training, tuple(model_cfg.feature_layers), model_cfg.gamma
+        grow_vocabulary(drafter, target, store, cfg.draft_vocab)
         if not set(layers) <= set(store.layers):
             raise BlockdraftError(f"--init {cfg.init} reads target layers {layers}; the feature store {store.path} "
                                   f"holds {tuple(store.layers)}")

@@ -9,8 +9,8 @@ import torch
 
 from ..drafters.heads import HeadsConfig, HeadsDrafter, HeadsModel
 from ..drafters.layers import FrozenLMHead
-from .common import (DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary, for_training,
-                     frozen_float32, mixed_precision)
+from .common import (DEFAULT_DRAFT_VOCAB, DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary,
+                     for_training, frozen_float32, grow_vocabulary, mixed_precision)
 from .features import FeatureStore
 
 
@@ -18,7 +18,7 @@ from .features import FeatureStore
 class HeadsTrainConfig:
     num_heads: int = 4
     inner_size: int = 1152
-    draft_vocab: int = 8192
+    draft_vocab: int | None = None  # None: 8192 for a new run, the checkpoint's with --init (which may grow it)
     epochs: float = 2.0
     lr: float = 1e-3
     batch: int = 256
@@ -66,10 +66,12 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
         drafter = for_training(HeadsDrafter.from_pretrained(cfg.init, target))
         model = drafter.model
         model.config.training = {"init": str(cfg.init), "init_training": model.config.training}
+        grow_vocabulary(drafter, target, store, cfg.draft_vocab)
     else:  # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
         model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size, style=cfg.style,
                                        medusa_layers=cfg.medusa_layers)).to(target.device)
-        vocab = draft_vocabulary(store, cfg.draft_vocab, sorted(target.eos_token_ids))
+        vocab = draft_vocabulary(store, DEFAULT_DRAFT_VOCAB if cfg.draft_vocab is None else cfg.draft_vocab,
+                                 sorted(target.eos_token_ids))
         drafter = HeadsDrafter(model, FrozenLMHead(frozen_float32(target.model.get_output_embeddings().weight), vocab),
                                embed=frozen_float32(target.model.get_input_embeddings().weight))
     cfg.num_heads = model.config.num_heads
