@@ -1,17 +1,15 @@
 #!/bin/bash
-# The second self-distilled fine-tunes (2026-12-02, night): on the conversations `blockdraft selfdistill` wrote
-# after the first fine-tunes (lines past 1,819 of its file), each drafter from its shipped checkpoint; and the
-# draft-vocabulary re-measure of issue 14: the BPD heads fine-tuned at 8k (the checkpoint's), 16k and the full
-# vocabulary for the same minutes on the same data. The first command builds the feature stores.
+# The second and third self-distilled fine-tunes (2026-12-02, night), and the draft-vocabulary re-measure of
+# issue 14: the BPD heads fine-tuned at 8k (the checkpoint's), 16k and the full vocabulary for the same minutes
+# on the same data (`train --init --draft-vocab` grows a checkpoint's vocabulary).
 set -e
-SD=runs/sd/sharegpt-smollm2-sd.jsonl
-D=runs/sd/sd-part2.jsonl
-tail -n +1820 $SD > $D
-CK=src/blockdraft/checkpoints/smollm2-135m
-run() { blockdraft train --data $D --store runs/store-sd2 --max-tokens 2000000 --lr 3e-4 --epochs 2 --threads 2 "$@"; }
-run --drafter heads --init $CK/bpd --max-minutes 6 --out runs/bpd-sd2
-run --drafter heads --init $CK/bpd --draft-vocab 16384 --max-minutes 6 --out runs/bpd-sd2-16k
-run --drafter heads --init $CK/bpd --draft-vocab 0 --max-minutes 6 --out runs/bpd-sd2-full
-run --drafter treeflash --init runs/bpd-sd2 --init-module $CK/hydra --max-minutes 7 --out runs/hydra-sd2
-run --drafter block --init $CK/dflash --max-minutes 10 --out runs/dflash-sd2
-run --drafter treeflash --init runs/dflash-sd2 --init-module $CK/treeflash --max-minutes 7 --out runs/treeflash-sd2
+D=benchmarks/2026-12-02-selfdistill-2
+# Second round: the 2,864 conversations written after the first fine-tunes (lines past 1,819).
+bash $D/finetune.sh 1820 sd2
+CK=src/blockdraft/checkpoints/smollm2-135m  # as shipped before the second round
+for vocab in 16384 0; do
+  blockdraft train --data runs/sd/part-sd2.jsonl --store runs/store-sd2 --max-tokens 2000000 --lr 3e-4 --epochs 2 \
+    --threads 2 --drafter heads --init $CK/bpd --draft-vocab $vocab --max-minutes 6 --out runs/bpd-sd2-vocab$vocab
+done
+# Third round, after shipping the second: the conversations written after it (lines past 4,693).
+bash $D/finetune.sh 4694 sd3

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from ..refine.neural import NeuralLM, NeuralLMConfig, NeuralRescorer
-from .common import DraftMetrics, Teacher, Trainer, distill_loss, draft_vocabulary, for_training, mixed_precision
+from .common import (DEFAULT_DRAFT_VOCAB, DraftMetrics, Teacher, Trainer, distill_loss, draft_vocabulary, for_training,
+                     mixed_precision)
 from .features import FeatureStore
 
 
@@ -17,7 +18,7 @@ class NeuralTrainConfig:
     width: int = 256
     num_layers: int = 2
     window: int = 32
-    draft_vocab: int = 8192
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
     epochs: float = 1.0
     lr: float = 1e-3
     batch: int = 32
@@ -30,7 +31,7 @@ def windows(store: FeatureStore, window: int) -> np.ndarray:
     """Start offsets of every full window that lies inside one conversation and predicts some reply token."""
     starts = np.asarray(store.starts)
     out = []
-    for a, b in zip(starts[:-1], starts[1:]):
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
         if b - a >= window:
             out.append(np.arange(a, b - window + 1, window // 2))
     s = np.concatenate(out) if out else np.zeros(0, np.int64)
