@@ -94,5 +94,5 @@ def test_parent_conditioned_trees_beat_the_marginal_tree_at_the_same_budget(real
                              real_target.encode(prompt), "x", 48)
         for m in taus:
             taus[m].append(row.replayed[m])
-    assert all(c > m for c, m in zip(taus[conditioned], taus[marginal])), taus
+    assert all(c > m for c, m in zip(taus[conditioned], taus[marginal], strict=True)), taus
     assert sum(taus[conditioned]) > 1.03 * sum(taus[marginal]), taus

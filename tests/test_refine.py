@@ -236,7 +236,7 @@ def test_analysis_replays_the_real_run_and_bounds_it():
     # replaying the top-1 chain on the greedy reply reproduces the real decoding run exactly
     assert row.oracle[1] == pytest.approx(row.tau)
     ks = sorted(row.oracle)
-    assert all(row.oracle[a] <= row.oracle[b] for a, b in zip(ks, ks[1:]))  # more choice never hurts the oracle
+    assert all(row.oracle[a] <= row.oracle[b] for a, b in itertools.pairwise(ks))  # more choice never hurts the oracle
     assert row.oracle[16] >= max(row.replayed.values())  # no rule beats the oracle over the same lattice
     # the replayed global rescoring equals a real run with that drafter
     for name in ("global", "tree"):

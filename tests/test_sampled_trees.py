@@ -21,7 +21,7 @@ from blockdraft.verify import RejectionAcceptor
 
 from test_sampling_lossless import (DEPTH, PROMPT, SCORED, TABLE, V, chi_square_p, exact_joint, loop_samples,
                                     markov_expected)
-from test_sampling_lossless import loop_target  # noqa: F401 (a fixture, used by name)
+from test_sampling_lossless import loop_target  # noqa: F401, F811 (a fixture, used by name)
 
 
 class FixedLattice(LatticeDrafter):
@@ -42,15 +42,21 @@ class TableDrafter(Drafter):
 
     name = "table"
 
-    def __init__(self, logits: torch.Tensor, depth: int = 3, budget: int = 6, sample: bool = True):
+    def __init__(self, logits: torch.Tensor, depth: int = 3, budget: int = 6, sample: bool = True,
+                 parents: int = V, more_rows: bool = False):
         self.logp = torch.log_softmax(logits, -1)
         self.depth, self.budget, self.sample = depth, budget, sample
+        self.parents, self.more_rows = parents, more_rows  # tables for the first `parents` tokens only
+
+    def rows(self, tokens, depth):
+        top = self.logp[tokens].topk(V, -1)
+        return top.indices.numpy(), top.values.numpy()
 
     def propose(self, ctx):
         root = ctx.tokens[-1]
-        marg = self.logp[[root] * self.depth].topk(V, -1)  # fallback rows (unused: every token is a parent)
+        marg = self.logp[[root] * self.depth].topk(V, -1)  # fallback rows, for tokens without a table row
         lattice = DraftLattice(marg.indices, marg.values)
-        parents = torch.arange(V).repeat(self.depth, 1)  # [D, M = V]
+        parents = torch.arange(self.parents).repeat(self.depth, 1)  # [D, M]
         parents[0] = root
         top = self.logp[parents].topk(V, -1)  # row (d, m): the target's distribution after token parents[d, m]
         scores = []
@@ -59,7 +65,7 @@ class TableDrafter(Drafter):
         if not self.sample:
             return tree
         return sampled_tree(tree, scores, lattice, ctx.temperature, ctx.generator, V, parents, top.indices,
-                            top.values)[0]
+                            top.values, self.rows if self.more_rows else None)[0]
 
 
 # a drafter that is close to the target but not equal to it: children get rejected, so siblings matter
@@ -77,7 +83,7 @@ class WithReplacementQ(Drafter):
     def propose(self, ctx):
         tree = self.inner.propose(ctx)
         q = tree.q.clone()
-        for node, kids in enumerate(tree.children):
+        for kids in tree.children:
             for c in kids[1:]:
                 q[c] = q[kids[0]]
         return DraftTree(tree.tokens, tree.parents, q)
@@ -136,12 +142,14 @@ def test_at_temperature_zero_the_tree_is_the_deterministic_one():
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4, top_p=0.9)])
-@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper"])
+@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper", "tables-rows-on-demand"])
 def test_sampled_trees_sample_the_target_distribution(kind, params):
-    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5)."""
+    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5), and
+    for rows computed on demand for drawn tokens that have no table row (their q depends on the draws above)."""
     n = 12000
     drafter = {"marginal": lambda: marginal_tree(), "tables": lambda: TableDrafter(DRAFT_TABLE),
-               "marginal-drawn-sharper": lambda: marginal_tree(draft_temp=0.5)}[kind]()
+               "marginal-drawn-sharper": lambda: marginal_tree(draft_temp=0.5),
+               "tables-rows-on-demand": lambda: TableDrafter(DRAFT_TABLE, parents=2, more_rows=True)}[kind]()
     counts, _ = markov_counts(drafter, params, n)
     assert chi_square_p(counts, markov_expected(params, TABLE), n) > 0.01
 
@@ -170,7 +178,7 @@ def test_sampled_children_accept_more_than_deterministic_ones():
     assert sampled > 1.15 * top
 
 
-def test_decoder_hands_temperature_and_generator_to_a_sampled_tree(loop_target):
+def test_decoder_hands_temperature_and_generator_to_a_sampled_tree(loop_target):  # noqa: F811
     """The real loop on a tiny Llama: marginals of the exact joint as the lattice, children sampled."""
     params = SamplingParams(1.0)
     joint = exact_joint(loop_target.model, params, SCORED)
@@ -185,3 +193,27 @@ def test_decoder_hands_temperature_and_generator_to_a_sampled_tree(loop_target):
     assert sum(lengths[0] == DEPTH + 1 for lengths in steps) > 0.05 * n  # whole sampled paths accepted
     tree = drafter.propose(DraftContext(PROMPT, None, 8, None, 1.0, torch.Generator().manual_seed(0)))
     assert tree.q is not None and len(tree) == 7
+
+
+@pytest.mark.parametrize("more_rows", [True, False])
+def test_a_drawn_token_without_a_table_row_gets_its_own_row_on_demand(more_rows):
+    """Tables for tokens 0 and 1 only: a child of any other drawn token is drawn from that token's own row when
+    the drafter can compute it (`more_rows`), else from the depth's marginal row."""
+    drafter = TableDrafter(DRAFT_TABLE, budget=12, parents=2, more_rows=more_rows)
+    gen = torch.Generator().manual_seed(5)
+    conditioned = marginal = 0
+    for _ in range(20):
+        tree = drafter.propose(DraftContext([0], None, 8, None, 1.0, gen))
+        for node, kids in enumerate(tree.children):
+            token = int(tree.tokens[node])
+            if not kids or node == 0 or token < 2:
+                continue
+            own = torch.from_numpy(tempered(drafter.logp[token].numpy(), 1.0)).float()
+            fallback = torch.from_numpy(tempered(drafter.logp[0].numpy(), 1.0)).float()  # the root's: the lattice
+            first = tree.q[kids[0]]
+            conditioned += torch.allclose(first, own, atol=1e-5)
+            marginal += torch.allclose(first, fallback, atol=1e-5)
+    if more_rows:
+        assert conditioned > 0 and marginal == 0
+    else:
+        assert conditioned == 0 and marginal > 0

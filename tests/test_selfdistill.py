@@ -151,3 +151,24 @@ def test_selfdistilled_file_trains_a_drafter_through_the_cli(chat_model_dir, tmp
         results[method] = json.loads(capsys.readouterr().out)
     ar, bpd = results.values()
     assert bpd["tokens"] == ar["tokens"] and bpd["target_calls"] < ar["target_calls"]
+
+
+def test_a_part_without_held_out_conversations_trains_without_validation(tiny, tmp_path, capsys):
+    """A later part of a self-distilled file holds no held-out ids: no validation store (its tau would read 1.0)."""
+    from conftest import conversations
+
+    from blockdraft.data.sharegpt import split_conversations
+    from blockdraft.train.run import prepare_stores
+
+    records, _ = split_conversations(conversations(30))  # only ids that hash into the training split
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(json.dumps(r) + "\n" for r in records))
+    train_store, valid_store = prepare_stores(tiny, str(part), 1000, 500, store=str(tmp_path / "store"), max_len=64)
+    assert valid_store is None and train_store.meta["n_tokens"] > 0
+    assert "holds no held-out conversations: training without validation" in capsys.readouterr().out
+
+    first = next(f"v{i}" for i in range(10_000) if split_conversations([{"id": f"v{i}"}])[1])
+    records[0]["id"] = first  # one held-out conversation: validation as before
+    part.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _, valid_store = prepare_stores(tiny, str(part), 1000, 500, store=str(tmp_path / "store2"), max_len=64)
+    assert valid_store is not None and valid_store.meta["n_tokens"] > 0

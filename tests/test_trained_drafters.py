@@ -214,7 +214,7 @@ def test_block_drafter_context_cache_grows_in_place_and_takes_observed_features_
     for start in range(0, n, 3):
         block._append(feats[start : start + 3])
     assert block.n_ctx == n and all(torch.allclose(k, k2, atol=1e-6) and torch.allclose(v, v2, atol=1e-6)
-                                    for (k, v), (k2, v2) in zip(block.ctx_kv, whole))
+                                    for (k, v), (k2, v2) in zip(block.ctx_kv, whole, strict=True))
     assert block._keys[0].shape[1] == 24  # grown in chunks of 4
     block.reset([])
     tokens = list(range(n + 1))

@@ -83,8 +83,8 @@ def test_transition_tree_holds_the_budget_best_prefixes(budget):
     def children(token, d):  # a tabled parent uses its row, any other token the marginals
         row = parents[d].tolist()
         if token in row:
-            return list(zip(tokens[d, row.index(token)].tolist(), logp[d, row.index(token)].tolist()))
-        return list(zip(lattice.tokens[d].tolist(), lattice.logp[d].tolist()))
+            return list(zip(tokens[d, row.index(token)].tolist(), logp[d, row.index(token)].tolist(), strict=True))
+        return list(zip(lattice.tokens[d].tolist(), lattice.logp[d].tolist(), strict=True))
 
     every, frontier = [], [((), root, 0.0)]
     for d in range(lattice.depth):  # brute force: every path, scored by the tables
@@ -92,7 +92,7 @@ def test_transition_tree_holds_the_budget_best_prefixes(budget):
         every += [s for _, _, s in frontier]
     assert scores == pytest.approx(sorted(every, reverse=True)[:budget])
     got = [sum(dict(children(int(tree.tokens[a]), d))[int(tree.tokens[b])]
-               for d, (a, b) in enumerate(zip(tree.path_to(i), tree.path_to(i)[1:]))) for i in range(1, len(tree))]
+               for d, (a, b) in enumerate(itertools.pairwise(tree.path_to(i)))) for i in range(1, len(tree))]
     assert got == pytest.approx(scores)  # each node's score is its path's log-probability under the tables
 
 

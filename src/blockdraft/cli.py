@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench questions")
     b.add_argument("--questions", default=None,
                    help="'spec-bench' (default: the Spec-Bench questions shipped with blockdraft), 'sharegpt' for "
-                        "held-out ShareGPT prompts (for tuning: never tune on Spec-Bench), or a Spec-Bench style .jsonl")
+                        "held-out ShareGPT prompts (for tuning: never tune on Spec-Bench), or a Spec-Bench style "
+                        ".jsonl")
     b.add_argument("--methods", default="ar,hf,hf-lookup,lookup",
                    help="comma-separated; 'ar' is required (speedups are against it); hf, hf-lookup = transformers")
     b.add_argument("--per-category", type=_positive_int, default=None, help="first N questions of each category")
@@ -141,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="analyse a lattice drafter: head entropy, repetition, oracle top-k headroom")
     a.add_argument("--questions", default=None,
                    help="'spec-bench' (default, shipped), 'sharegpt', or a Spec-Bench style .jsonl")
-    a.add_argument("--per-category", type=_positive_int, default=2, help="first N questions of each category (default 2)")
+    a.add_argument("--per-category", type=_positive_int, default=2,
+                   help="first N questions of each category (default 2)")
     a.add_argument("--categories", default=None, help="comma-separated categories to keep")
     a.add_argument("--drafter", default="bpd", help="the lattice drafter to analyse: bpd (default) or dflash")
     a.add_argument("--refiners", default="",
@@ -247,12 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     _add_compile_arg(s, default=True)
 
-    x = sub.add_parser("export", help="write a drafter in vLLM's format: BPD heads as Medusa, the block drafter as DFlash")
+    x = sub.add_parser("export",
+                       help="write a drafter in vLLM's format: BPD heads as Medusa, the block drafter as DFlash")
     x.add_argument("out", metavar="DIR", help="output folder (config.json + model.safetensors)")
     x.add_argument("--to", required=True, choices=["vllm"], help="the engine whose format to write")
     x.add_argument("--method", default="bpd", choices=["bpd", "dflash"],
                    help="bpd (default): BPD heads -> vLLM medusa; dflash: the block drafter -> vLLM dflash")
-    x.add_argument("--checkpoint", default=None, help="drafter checkpoint folder (default: the one shipped for the target)")
+    x.add_argument("--checkpoint", default=None,
+                   help="drafter checkpoint folder (default: the one shipped for the target)")
     x.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     return parser
 

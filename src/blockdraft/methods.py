@@ -80,7 +80,7 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 2
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
     tokens from retrieval above which the learned drafter is not run), gate=true|false (run the learned
     drafter only where its measured gain pays for its measured time), cost=auto|off (cost-aware size); any other
-    option goes to the learned drafter (e.g. checkpoint=, module=)."""
+    option goes to the learned drafter (e.g. checkpoint=, module=, parents=)."""
     from .drafters.hybrid import HybridDrafter
     from .trees.budget import cost_curve
 
@@ -110,7 +110,7 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 2
     curve = cost_curve(target) if cost == "auto" else None
     if not isinstance(gate, bool):
         raise BlockdraftError(f"hybrid: gate must be true or false, got '{gate}'")
-    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors)), gate)
+    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors, strict=True)), gate)
 
 
 def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Drafter]:

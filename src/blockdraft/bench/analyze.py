@@ -11,6 +11,7 @@ oracle that may pick any of the top-k tokens per depth (the lattice's upper boun
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ def repetition(drafts: list[list[int]]) -> tuple[float, float]:
     same = pairs = 0
     runs = []
     for d in drafts:
-        eq = [a == b for a, b in zip(d, d[1:])]
+        eq = [a == b for a, b in itertools.pairwise(d)]
         same, pairs = same + sum(eq), pairs + len(eq)
         longest = run = 1
         for e in eq:
@@ -151,7 +152,7 @@ def analyze_prompt(target, base, refiners: dict[str, RescoredDrafter], prompt: l
     replayed, rep = {}, {"top-1": repetition([lat.best().tolist() for lat in lattices])}
     for name, drafter in refiners.items():
         drafts = [refined_paths(drafter, lattices[i], seq[: P + i + 1], hidden[i]) for i in range(n)]
-        replayed[name] = replay(lambda i: drafts[i], truth_at, n)
+        replayed[name] = replay(drafts.__getitem__, truth_at, n)
         if isinstance(drafter, RescoredDrafter):  # a tree has no single draft to inspect
             rep[name] = repetition([d[0] for d in drafts])
     entropy = torch.stack([lat.entropy for lat in lattices]).mean(0).tolist()

@@ -56,7 +56,7 @@ class Divergence:
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first index where two token lists differ (the shorter one's end if one is a prefix of the
     other), or None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))

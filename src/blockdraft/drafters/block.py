@@ -315,7 +315,7 @@ class BlockDrafter(LatticeDrafter):
             capacity = -(-end // CONTEXT_CHUNK) * CONTEXT_CHUNK
             grown = [(k.new_empty(k.shape[0], capacity, k.shape[2]), v.new_empty(v.shape[0], capacity, v.shape[2]))
                      for k, v in new]
-            for (k, v), (old_k, old_v) in zip(grown, self.ctx_kv):
+            for (k, v), (old_k, old_v) in zip(grown, self.ctx_kv, strict=False):  # nothing to copy at first
                 k[:, : self.n_ctx], v[:, : self.n_ctx] = old_k, old_v
             self._keys, self._values = [k for k, _ in grown], [v for _, v in grown]
         for buf_k, buf_v, (k, v) in zip(self._keys, self._values, new, strict=True):

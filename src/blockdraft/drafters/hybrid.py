@@ -128,14 +128,14 @@ class _Node:
 
 def retrieval_proposal(source: str, cand) -> Proposal:
     """A Candidates trie (prob = share of occurrences) -> conditional probabilities per node."""
-    cond = [p / (cand.prob[par] if par >= 0 else 1.0) for p, par in zip(cand.prob, cand.parents)]
+    cond = [p / (cand.prob[par] if par >= 0 else 1.0) for p, par in zip(cand.prob, cand.parents, strict=True)]
     return Proposal(source, cand.tokens, cand.parents, cond, cand.match_length)
 
 
 def learned_proposal(source: str, tree: DraftTree, scores: list[float]) -> Proposal:
     """A best-first tree with cumulative log-probs (node i+1 <-> scores[i]) -> conditionals."""
     parents = [int(p) - 1 for p in tree.parents[1:].tolist()]
-    cond = [math.exp(s - (scores[p] if p >= 0 else 0.0)) for s, p in zip(scores, parents)]
+    cond = [math.exp(s - (scores[p] if p >= 0 else 0.0)) for s, p in zip(scores, parents, strict=True)]
     return Proposal(source, tree.tokens[1:].tolist(), parents, cond)
 
 
@@ -190,7 +190,8 @@ class HybridDrafter(Drafter):
                 tokens, parents, probs = source.candidates(ctx.tokens[-1], min(source.depth, depth))
                 found.append(retrieval_proposal(name, Candidates(tokens, parents, probs, 0)))
             elif name == "suffix":  # the request's own tokens and earlier outputs: calibrated apart
-                for label, cand in zip(("suffix", "suffix-global"), source.sources(ctx, min(source.depth, depth))):
+                found_here = source.sources(ctx, min(source.depth, depth))  # no global entry without its tree
+                for label, cand in zip(("suffix", "suffix-global"), found_here, strict=False):
                     found.append(retrieval_proposal(label, cand))
             else:
                 found.append(retrieval_proposal(name, source.candidates(ctx, min(source.depth, depth))))
@@ -215,7 +216,7 @@ class HybridDrafter(Drafter):
         """Each node's calibration bin and calibrated probability that the target accepts its whole path."""
         p.keys = [self.calibrator.key(p.source, c, p.match_length) for c in p.cond]
         p.score = []
-        for key, par, c in zip(p.keys, p.parents, p.cond):
+        for key, par, c in zip(p.keys, p.parents, p.cond, strict=True):
             p.score.append((p.score[par] if par >= 0 else 1.0) * self.calibrator.estimate(key, c))
         return p
 
@@ -237,7 +238,7 @@ class HybridDrafter(Drafter):
         for p in self.proposals(ctx, depth):
             paths: list[tuple] = []
             weight = self.weights.get(p.source.removesuffix("-global"), 1.0)
-            for tok, par, key, score in zip(p.tokens, p.parents, p.keys, p.score):
+            for tok, par, key, score in zip(p.tokens, p.parents, p.keys, p.score, strict=True):
                 path = (paths[par] if par >= 0 else ()) + (tok,)
                 paths.append(path)
                 if len(path) > depth:

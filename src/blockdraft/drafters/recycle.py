@@ -57,7 +57,7 @@ class RecycleDrafter(Drafter):
                 rows[tok] = (self.next_tokens[tok].tolist(), self.next_probs[tok].tolist())
             return rows[tok]
 
-        heap = [(-p, -1, t, 1) for t, p in zip(*row(root)) if p > 0 and p >= self.min_prob]  # 0: no entry
+        heap = [(-p, -1, t, 1) for t, p in zip(*row(root), strict=True) if p > 0 and p >= self.min_prob]  # 0: no entry
         heapq.heapify(heap)
         while heap and len(tokens) < self.budget:
             neg, parent, tok, d = heapq.heappop(heap)
@@ -66,7 +66,7 @@ class RecycleDrafter(Drafter):
             parents.append(parent)
             probs.append(-neg)
             if d < depth:
-                for t, p in zip(*row(tok)):
+                for t, p in zip(*row(tok), strict=True):
                     if p > 0 and -neg * p >= self.min_prob:
                         heapq.heappush(heap, (neg * p, node, t, d + 1))
         return tokens, parents, probs

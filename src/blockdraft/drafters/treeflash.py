@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -137,6 +138,16 @@ class TreeFlashDrafter(Drafter):
         # the tables (D x M x K ids and log-probs) go to the CPU once, for the Python tree builder
         return parents, self.base.lm_head.to_target_ids(top.indices).cpu(), top.values.cpu()
 
+    @torch.inference_mode()
+    def rows_for(self, tokens: list[int], depth: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Transition rows for parents that are not among the table's: the children at depth + 1 of nodes at
+        `depth` holding `tokens` (token ids [n, width], log-probs [n, width]), as `transitions` computes them."""
+        h = self.base.last_hidden[depth]
+        emb = self.base.embed[torch.tensor(tokens, device=self.base.embed.device)]
+        states = self.module(h.expand(len(tokens), -1), emb.to(h.dtype))
+        top = torch.log_softmax(self.base.lm_head(states).float(), -1).topk(width, -1)
+        return self.base.lm_head.to_target_ids(top.indices).cpu().numpy(), top.values.cpu().numpy()
+
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree, scores = self.scored_tree(ctx)
         return keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
@@ -154,7 +165,9 @@ class TreeFlashDrafter(Drafter):
         scores: list[float] = []
         tree = best_first_transition_tree(root, lattice, parents, tokens[..., : self.children],
                                           logp[..., : self.children], self.budget, ctx.max_depth, scores)
-        if sample:  # the same shape, its children drawn from the wider rows
-            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature * self.draft_temp,
-                                        drafting_generator(ctx), self.vocab_size, parents, tokens, logp)
+        if sample:  # the same shape (only the nodes that will be sent), its children drawn from the wider rows
+            tree = keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
+            tree, scores = sampled_tree(tree, scores[: len(tree) - 1], lattice, ctx.temperature * self.draft_temp,
+                                        drafting_generator(ctx), self.vocab_size, parents, tokens, logp,
+                                        lambda ids, depth: self.rows_for(ids, depth, tokens.shape[-1]))
         return tree, scores

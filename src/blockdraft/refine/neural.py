@@ -85,7 +85,7 @@ class NeuralRescorer:
     def score(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         out = np.empty(candidates.shape)
         device = self.embed.device
-        for i, (ctx, cand) in enumerate(zip(contexts, candidates)):
+        for i, (ctx, cand) in enumerate(zip(contexts, candidates, strict=True)):
             ctx = torch.as_tensor(ctx[ctx >= 0][-self.config.window:], dtype=torch.long, device=device)
             if len(ctx) == 0:
                 out[i] = 0.0  # nothing to condition on: no opinion

@@ -314,7 +314,8 @@ class StaticEngine:
         old_keys, old_values, n = self.keys, self.values, self.length
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
-        for new, old in zip(self.keys + self.values, old_keys + old_values):
+        # (on the first call there is nothing to copy: the old lists are empty)
+        for new, old in zip(self.keys + self.values, old_keys + old_values, strict=False):
             new[:, :, :n] = old[:, :, :n]
         # The model's own rotary module computes the table, so every static rope scaling is honoured.
         positions = torch.arange(cap, device=device).unsqueeze(0)
@@ -364,7 +365,7 @@ class StaticEngine:
         m = len(path)
         if path != list(range(m)):
             src = torch.tensor(path, device=self.embed.device) + start
-            for k, v in zip(self.keys, self.values):
+            for k, v in zip(self.keys, self.values, strict=True):
                 k[:, :, start : start + m] = k.index_select(2, src)
                 v[:, :, start : start + m] = v.index_select(2, src)
         self.length = start + m

@@ -53,7 +53,7 @@ def token_sequences(target, records, max_tokens: int | None, max_len: int = 4096
 def perplexity(lm: NGramLM, seqs, masks) -> float:
     """Per-token perplexity of reply tokens (position i predicts token i+1 where mask[i])."""
     total, count = 0.0, 0
-    for ids, mask in zip(seqs, masks):
+    for ids, mask in zip(seqs, masks, strict=True):
         pos = np.flatnonzero(mask[:-1])
         if len(pos) == 0:
             continue

@@ -51,8 +51,16 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
     train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens, max_len)
     valid_dir = Path(valid_store) if valid_store else train_dir.parent / (train_dir.name + "-valid") if store else (
         store_folder(target, path, "valid", valid_tokens, max_len))
+    if valid_tokens and not valid:
+        # e.g. a later part of a self-distilled file, whose held-out replies were written at its start:
+        # a validation figure over no data would read as tau 1.0
+        print(f"{path} holds no held-out conversations: training without validation")
+        valid_tokens = 0
     train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len)
     valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len) if valid_tokens else None
+    if valid_store is not None and valid_store.meta["n_tokens"] == 0:
+        print(f"the validation store {valid_dir} is empty: training without validation")
+        valid_store = None
     return train_store, valid_store
 
 

@@ -54,7 +54,8 @@ class CostCurve:
         return min(max(c) for c in self.by_context.values())
 
     def at(self, context: int) -> dict[int, float]:
-        return {b: float(np.interp(context, self._lengths, row)) for b, row in zip(self._sizes, self._costs)}
+        rows = zip(self._sizes, self._costs, strict=True)
+        return {b: float(np.interp(context, self._lengths, row)) for b, row in rows}
 
 
 def measure_cost_curve(target, sizes=SIZES, reps: int = 7, contexts=CONTEXTS) -> CostCurve:
@@ -87,7 +88,7 @@ def measure_cost_at(target, sizes=SIZES, reps: int = 7, context: int = 128) -> d
                 runs[i].append(time.perf_counter() - t0)
             target.commit([])  # drop the tree again: every run sees the same context
     times = np.maximum.accumulate([min(r) for r in runs])
-    return {b: float(t / times[0]) for b, t in zip(sizes, times)}
+    return {b: float(t / times[0]) for b, t in zip(sizes, times, strict=True)}
 
 
 def cost_curve_path(target) -> Path:

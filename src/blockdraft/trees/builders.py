@@ -124,7 +124,7 @@ def best_first_transition_tree(root: int, lattice: DraftLattice, parents, tokens
         d = node_depth[node]
         if d >= depth:
             return
-        for t, s in zip(*children(out_tokens[node], d)):
+        for t, s in zip(*children(out_tokens[node], d), strict=True):
             heapq.heappush(heap, (-(score + float(s)), counter, node, int(t)))
             counter += 1
 

@@ -75,6 +75,8 @@ class TreeDrafter(Drafter):
         scores: list[float] = []
         tree = best_first_tree(root, lattice, self.budget, ctx.max_depth, self.prior, self.alpha, ctx.tokens, scores)
         if self.sample and ctx.temperature > 0:
-            tree, scores = sampled_tree(tree, scores, lattice, ctx.temperature * self.draft_temp,
+            # draw only the nodes that will be sent: the budget 'auto' cut depends on the shape's scores alone
+            tree = keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
+            tree, scores = sampled_tree(tree, scores[: len(tree) - 1], lattice, ctx.temperature * self.draft_temp,
                                         drafting_generator(ctx), self.vocab_size)
         return tree, scores
