@@ -130,23 +130,25 @@ class TreeFlashDrafter(Drafter):
         D = lattice.depth
         M = min(self.parents, lattice.tokens.shape[1])
         parents = torch.cat([torch.full((1, M), root), lattice.tokens[: D - 1, :M]])  # [D, M], on the CPU
-        h = self.base.last_hidden[:D]  # [D, H], on the drafter's device
-        emb = self.base.embed[parents.to(self.base.embed.device)]
-        states = self.module(h[:, None].expand(D, M, -1), emb.to(h.dtype))
-        logp = torch.log_softmax(self.base.lm_head(states).float(), -1)
-        top = logp.topk(min(width or self.children, logp.shape[-1]), -1)
         # the tables (D x M x K ids and log-probs) go to the CPU once, for the Python tree builder
-        return parents, self.base.lm_head.to_target_ids(top.indices).cpu(), top.values.cpu()
+        tokens, logp = self._rows(self.base.last_hidden[:D, None].expand(D, M, -1), parents, width or self.children)
+        return parents, tokens.cpu(), logp.cpu()
 
     @torch.inference_mode()
     def rows_for(self, tokens: list[int], depth: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Transition rows for parents that are not among the table's: the children at depth + 1 of nodes at
         `depth` holding `tokens` (token ids [n, width], log-probs [n, width]), as `transitions` computes them."""
-        h = self.base.last_hidden[depth]
-        emb = self.base.embed[torch.tensor(tokens, device=self.base.embed.device)]
-        states = self.module(h.expand(len(tokens), -1), emb.to(h.dtype))
-        top = torch.log_softmax(self.base.lm_head(states).float(), -1).topk(width, -1)
-        return self.base.lm_head.to_target_ids(top.indices).cpu().numpy(), top.values.cpu().numpy()
+        h = self.base.last_hidden[depth].expand(len(tokens), -1)
+        ids, logp = self._rows(h, torch.tensor(tokens), width)
+        return ids.cpu().numpy(), logp.cpu().numpy()
+
+    def _rows(self, states: torch.Tensor, parents: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's top-`width` children (target token ids, log-probs) for base states [..., H] beside their
+        parent tokens [...]."""
+        emb = self.base.embed[parents.to(self.base.embed.device)]
+        logp = torch.log_softmax(self.base.lm_head(self.module(states, emb.to(states.dtype))).float(), -1)
+        top = logp.topk(min(width, logp.shape[-1]), -1)
+        return self.base.lm_head.to_target_ids(top.indices), top.values
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree, scores = self.scored_tree(ctx)
