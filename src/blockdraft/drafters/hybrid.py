@@ -5,12 +5,10 @@ Suffix matches (the request, earlier outputs), REST's datastore and a learned be
 source proposes a trie with its own estimate of how likely each node is to follow its parent
 (a match's continuation frequency, a drafter's probability). Those estimates are not comparable
 across sources, so each is calibrated online: for every node whose parent the target accepted,
-the drafter records whether the node was accepted too, binned by source, raw estimate, match
-length and whether the other sources proposed the node too, proposed other children there, or
-nothing. The sources' tries are merged into one; a node's score is the calibrated probability that
-the target accepts its whole path (its parent's score times the best calibrated conditional among
-its sources); nodes are taken best first, and under the machine's verification cost curve only as
-many as pay for their cost (possibly none).
+the drafter records whether the node was accepted too, binned by source, raw estimate and match
+length. A node's score is then the calibrated probability that the target accepts its whole
+path; the union of the sources' tries is merged, nodes taken best first, and under the machine's
+verification cost curve only as many as pay for their cost (possibly none).
 
 The learned drafter costs time every step it runs (here ~5 ms against a ~25 ms step), so it runs
 only where it pays (`LearnedGate`): per bin of what the retrieval sources alone expect, the gate
@@ -35,27 +33,20 @@ from .suffix_index import Candidates
 
 
 class AcceptanceCalibrator:
-    """P(node accepted | parent accepted) per (source, raw-estimate bin, match-length bin, agreement), learnt
-    online.
+    """P(node accepted | parent accepted) per (source, raw-estimate bin, match-length bin), learnt online.
 
-    Each bin starts at the raw estimate, worth PRIOR observations, and follows what the target does.
-    Agreement is what the other sources said under the same parent: the node is one they proposed too
-    ("agreed"), they proposed other children there and not this one ("contested"), or they proposed
-    nothing there ("sole"). On held-out ShareGPT a retrieval node at raw estimate 0.2-0.4 was accepted 8% of
-    the time when contested and a node both sources proposed ~10 points above its best raw estimate
-    (benchmarks/2026-12-03-hybrid-agreement/agreement.py): the same raw estimate means different things."""
+    Each bin starts at the raw estimate, worth PRIOR observations, and follows what the target does."""
 
     BINS, PRIOR = 10, 4.0
     LENGTHS = (0, 1, 2, 4, 8, 16)  # match-length bin edges (0: a learned source, no match)
-    AGREEMENT = ("sole", "agreed", "contested")
 
     def __init__(self):
         self.accepted = defaultdict(float)
         self.seen = defaultdict(float)
 
-    def key(self, source: str, estimate: float, match_length: int, agreement: str = "sole") -> tuple:
+    def key(self, source: str, estimate: float, match_length: int) -> tuple:
         length_bin = sum(match_length >= edge for edge in self.LENGTHS[1:])
-        return source, min(int(estimate * self.BINS), self.BINS - 1), length_bin, agreement
+        return source, min(int(estimate * self.BINS), self.BINS - 1), length_bin
 
     def estimate(self, key: tuple, raw: float) -> float:
         return (self.accepted[key] + self.PRIOR * raw) / (self.seen[key] + self.PRIOR)
@@ -125,7 +116,8 @@ class Proposal:
     parents: list[int]
     cond: list[float]
     match_length: int = 0
-    score: list = field(default_factory=list)  # each node's calibrated path probability, this source alone
+    keys: list = field(default_factory=list)  # each node's calibration bin (set by HybridDrafter._score)
+    score: list = field(default_factory=list)  # each node's calibrated path probability
 
 
 @dataclass
@@ -155,7 +147,7 @@ class HybridDrafter(Drafter):
 
     def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 24,
                  cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0,
-                 weights: dict[str, float] | None = None, gate: bool = True, agreement: bool = True):
+                 weights: dict[str, float] | None = None, gate: bool = True):
         if not retrieval and learned is None:
             raise BlockdraftError("hybrid needs at least one source")
         if budget < 1:
@@ -165,7 +157,6 @@ class HybridDrafter(Drafter):
         self.weights = weights or {}
         self.calibrator = AcceptanceCalibrator()
         self.gate = LearnedGate() if gate and learned else None
-        self.agreement = agreement  # calibrate apart by agreement (False: every node counts as "sole")
         self.feature_layers = learned[1].feature_layers if learned else ()
         self.learned_runs = self.steps = 0  # how often the learned drafter ran (for the report)
         self._last = None
@@ -222,11 +213,10 @@ class HybridDrafter(Drafter):
         return found
 
     def _score(self, p: Proposal) -> Proposal:
-        """Each node's calibrated probability that the target accepts its whole path, were its source alone
-        (what decides whether the learned drafter runs)."""
+        """Each node's calibration bin and calibrated probability that the target accepts its whole path."""
+        p.keys = [self.calibrator.key(p.source, c, p.match_length) for c in p.cond]
         p.score = []
-        for par, c in zip(p.parents, p.cond, strict=True):
-            key = self.calibrator.key(p.source, c, p.match_length)
+        for key, par, c in zip(p.keys, p.parents, p.cond, strict=True):
             p.score.append((p.score[par] if par >= 0 else 1.0) * self.calibrator.estimate(key, c))
         return p
 
@@ -244,59 +234,39 @@ class HybridDrafter(Drafter):
             if self.learned:
                 self.learned[1].observe(ctx)
             return DraftTree.root_only(root)
-        nodes = self._merge(self.proposals(ctx, depth), depth)
+        nodes: dict[tuple, _Node] = {}
+        for p in self.proposals(ctx, depth):
+            paths: list[tuple] = []
+            weight = self.weights.get(p.source.removesuffix("-global"), 1.0)
+            for tok, par, key, score in zip(p.tokens, p.parents, p.keys, p.score, strict=True):
+                path = (paths[par] if par >= 0 else ()) + (tok,)
+                paths.append(path)
+                if len(path) > depth:
+                    continue
+                node = nodes.setdefault(path, _Node())
+                node.score = max(node.score, weight * score)
+                node.keys.append(key)
         # A child never scores above its parent, and ties go to the shorter path: parents come first.
         ranked = sorted(nodes.items(), key=lambda kv: (-kv[1].score, len(kv[0])))[: self.budget]
         if self.cost_curve is not None:
             ranked = ranked[: best_budget([math.log(max(n.score, 1e-9)) for _, n in ranked],
                                          self.cost_curve.at(len(ctx.tokens)))]
         index = {(): 0}
-        tokens, parents, keys, scores = [root], [-1], [[]], [1.0]
+        tokens, parents, keys = [root], [-1], [[]]
         for path, node in ranked:
             index[path] = len(tokens)
             tokens.append(path[-1])
             parents.append(index[path[:-1]])
             keys.append(node.keys)
-            scores.append(node.score)
         tree = DraftTree(tokens, parents)
-        self._last = (tree, keys, len(ctx.tokens), scores)
+        self._last = (tree, keys, len(ctx.tokens))
         return tree
-
-    def _merge(self, proposals: list[Proposal], depth: int) -> dict[tuple, _Node]:
-        """The union of the sources' tries, keyed by path. A node's score is its parent's score times the best of
-        its sources' calibrated conditionals (each times its source's weight), calibrated with the node's agreement."""
-        entries: dict[tuple, list] = {}  # path -> [(source, raw conditional, match length)]
-        families: dict[tuple, set] = defaultdict(set)  # path -> sources that proposed it ('-global' folded in)
-        for p in proposals:
-            paths: list[tuple] = []
-            for tok, par, c in zip(p.tokens, p.parents, p.cond, strict=True):
-                path = (paths[par] if par >= 0 else ()) + (tok,)
-                paths.append(path)
-                if len(path) <= depth:
-                    entries.setdefault(path, []).append((p.source, c, p.match_length))
-                    families[path].add(p.source.removesuffix("-global"))
-        under: dict[tuple, set] = defaultdict(set)  # parent path -> sources that proposed a child there
-        for path, found in families.items():
-            under[path[:-1]] |= found
-        nodes: dict[tuple, _Node] = {}
-        for path in sorted(entries, key=len):  # parents first
-            mine = families[path]
-            agreement = ("sole" if not self.agreement else
-                         "agreed" if len(mine) > 1 else "contested" if under[path[:-1]] - mine else "sole")
-            parent = nodes[path[:-1]].score if len(path) > 1 else 1.0
-            node = nodes[path] = _Node()
-            for source, c, length in entries[path]:
-                key = self.calibrator.key(source, c, length, agreement)
-                node.keys.append(key)
-                weight = self.weights.get(source.removesuffix("-global"), 1.0)
-                node.score = max(node.score, parent * min(1.0, weight * self.calibrator.estimate(key, c)))
-        return nodes
 
     def _learn(self, tokens: list[int]) -> None:
         """For every node whose parent was accepted: was it accepted too? (read off the tokens that came back)"""
         if self._last is None:
             return
-        tree, keys, start, _ = self._last
+        tree, keys, start = self._last
         self._last = None
         node, retrieved, accepted = 0, 0, 0
         learned = self.learned[0] if self.learned else None
