@@ -11,6 +11,7 @@ from conftest import char_tokenizer, conversations, tiny_llama
 
 from blockdraft import Target
 from blockdraft.decoding import SpeculativeDecoder
+from blockdraft.drafters.base import DraftContext
 from blockdraft.drafters import BlockDrafter, HeadsDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.methods import make_drafter
@@ -279,7 +280,7 @@ def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, tr
     from blockdraft.bench.analyze import analyze_prompt, teacher_forced_lattices
 
     lattices, hidden = teacher_forced_lattices(tiny, again.base, ids, res.tokens)
-    lat, again.base.last_hidden = lattices[3], hidden[3]  # the transition tables of one step:
+    lat, (again.base.last_hidden, again.base.last_logits) = lattices[3], hidden[3]  # one step's transition tables:
     parents, kids, _ = again.transitions(7, lat)  # depth 0's only parent is the root
     M, K = again.parents, again.children
     assert parents[0].eq(7).all() and torch.equal(parents[1:], lat.tokens[:-1, :M])
@@ -299,6 +300,39 @@ def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, tr
     fresh = TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, cls.from_pretrained(root / kind, tiny))
     row = analyze_prompt(tiny, base, {"tree": fresh}, ids, "toy", 24)
     assert row.replayed["tree"] == pytest.approx(res.stats.tau)  # the replay is exact for trees too
+
+
+@pytest.mark.parametrize("kind", ["block", "heads"])
+def test_transition_rows_over_a_depths_likeliest_columns(tiny, trained, kind):
+    """columns=N: each child comes from its depth's N likeliest marginal tokens, with the log-probs the full rows
+    give those N tokens renormalised over them; greedy output stays the target's own."""
+    from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
+
+    root, heads, block = trained
+    base = {"block": block, "heads": heads}[kind]
+    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind=kind))
+    torch.manual_seed(0)
+    torch.nn.init.normal_(module.down.weight, std=0.5)  # not the identity: rows differ from the marginals
+    full, narrow = TreeFlashDrafter(base, module), TreeFlashDrafter(base, module, columns=6)
+    ids = tiny.encode("tell me more now")
+    tiny.feature_layers = base.feature_layers
+    base.reset(ids)
+    lat = base.lattice(DraftContext(ids, tiny.prefill(ids[:-1]), max_depth=8))
+    _, kids, logp = narrow.transitions(ids[-1], lat, width=4)
+    parents, full_ids, full_logp = full.transitions(ids[-1], lat, width=base.lm_head.weight.shape[0])
+    marginal = base.lm_head.to_target_ids(base.last_logits.topk(6, -1).indices)  # [D, 6], target ids
+    for d in range(lat.depth):
+        for m in range(parents.shape[1]):
+            assert set(kids[d, m].tolist()) <= set(marginal[d].tolist())
+            row = dict(zip(full_ids[d, m].tolist(), full_logp[d, m].tolist(), strict=True))
+            expected = torch.log_softmax(torch.tensor([row[t] for t in marginal[d].tolist()]), -1).topk(4)
+            assert torch.allclose(logp[d, m], expected.values, atol=1e-5)
+            assert kids[d, m].tolist() == marginal[d][expected.indices].tolist()
+    with pytest.raises(BlockdraftError, match="columns"):
+        TreeFlashDrafter(base, module, columns=-1)
+    ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
+    res = SpeculativeDecoder(tiny, narrow).generate(ids, 24)
+    assert res.tokens == ar.tokens and res.stats.tree_nodes > res.stats.target_calls
 
 
 def test_ar_module_fine_tunes_from_an_earlier_module(tiny, stores, trained, tmp_path):

@@ -47,7 +47,7 @@ class QuestionAnalysis:
 
 def teacher_forced_lattices(target, drafter, prompt: list[int], reply: list[int]):
     """The drafter's lattice at every root position of prompt + reply (index i: root = reply position i-1),
-    and the drafter's per-depth states there (None if it keeps none), which TreeFlash and Hydra read."""
+    and the drafter's per-depth states and logits there (None if it keeps none), which TreeFlash and Hydra read."""
     seq = prompt + reply
     target.feature_layers = drafter.feature_layers
     feats = target.prefill(seq[:-1])
@@ -57,7 +57,7 @@ def teacher_forced_lattices(target, drafter, prompt: list[int], reply: list[int]
         f = feats[prev:t] if feats is not None else None
         prev = t
         lattices.append(drafter.lattice(DraftContext(seq[: t + 1], f, max_depth=1 << 20)))
-        hidden.append(getattr(drafter, "last_hidden", None))
+        hidden.append((getattr(drafter, "last_hidden", None), getattr(drafter, "last_logits", None)))
     return lattices, hidden
 
 
@@ -93,7 +93,7 @@ def oracle_paths(lattice: DraftLattice, truth: list[int], k: int) -> list[list[i
     return [path]
 
 
-def refined_paths(drafter, lattice: DraftLattice, history: list[int], hidden=None) -> list[list[int]]:
+def refined_paths(drafter, lattice: DraftLattice, history: list[int], hidden=(None, None)) -> list[list[int]]:
     """The drafts a rescored or tree drafter would propose from this lattice (a tree: its root-to-leaf paths)."""
     base = drafter.base
     k = getattr(base, "top_k", lattice.tokens.shape[1])
@@ -101,7 +101,7 @@ def refined_paths(drafter, lattice: DraftLattice, history: list[int], hidden=Non
     if isinstance(drafter, (TreeDrafter, TreeFlashDrafter)):
         # replay: hand the recorded lattice (and per-depth states) to the drafter's tree builder
         base.lattice = lambda ctx: lat
-        base.last_hidden = hidden
+        base.last_hidden, base.last_logits = hidden
         tree = drafter.propose(DraftContext(list(history), None, max_depth=lat.depth))
         leaves = [i for i, ch in enumerate(tree.children) if not ch]
         return [tree.tokens[tree.path_to(i)[1:]].tolist() for i in leaves]

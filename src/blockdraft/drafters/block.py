@@ -330,8 +330,9 @@ class BlockDrafter(LatticeDrafter):
         x = x.to(self.model.fc.weight.dtype)
         pos = torch.arange(self.n_ctx, self.n_ctx + g, device=x.device)
         h = self.model(x, pos, self.ctx_kv)
-        self.last_hidden = h[1:]  # the block's states per depth, for TreeFlash's AR approximation
-        return DraftLattice.from_logits(self.lm_head(h[1:]), self.top_k, self.lm_head.vocab)
+        self.last_hidden = h[1:]  # the block's states and logits per depth, for TreeFlash's AR approximation
+        self.last_logits = self.lm_head(h[1:])
+        return DraftLattice.from_logits(self.last_logits, self.top_k, self.lm_head.vocab)
 
     def observe(self, ctx: DraftContext) -> None:
         if ctx.features is not None and len(ctx.features):

@@ -67,6 +67,7 @@ class HeadsDrafter(LatticeDrafter):
         self.model = model.eval()
         self.embed = embed  # the target's input embeddings: what a parent-conditioned (Hydra-like) module reads
         self.last_hidden: torch.Tensor | None = None  # the heads' states of the last lattice [heads, H]
+        self.last_logits: torch.Tensor | None = None  # and their logits [heads, draft vocabulary]
         self.config = model.config
         self.lm_head = lm_head
         self.top_k = top_k
@@ -92,7 +93,8 @@ class HeadsDrafter(LatticeDrafter):
         w = next(self.model.parameters())  # the heads' own dtype: the target's, once loaded for it
         states = self.model(h.to(w.dtype))[: self.num_heads]
         self.last_hidden = states
-        return DraftLattice.from_logits(self.lm_head(states), self.top_k, self.lm_head.vocab)
+        self.last_logits = self.lm_head(states)  # over the draft vocabulary, on the device (TreeFlash's columns)
+        return DraftLattice.from_logits(self.last_logits, self.top_k, self.lm_head.vocab)
 
     def lattice(self, ctx: DraftContext) -> DraftLattice | None:
         """The heads' top-k lattice for this step (None when there is no target state to read yet)."""
