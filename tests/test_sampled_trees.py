@@ -6,7 +6,6 @@ that reports each child's q *without* removing its earlier siblings (the with-re
 draws made without replacement) must fail the same test.
 """
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,6 @@ from blockdraft.drafters.lattice import DraftLattice
 from blockdraft.trees import DraftTree
 from blockdraft.trees.builders import best_first_transition_tree
 from blockdraft.trees.drafter import TreeDrafter
-from blockdraft.trees.positional import PositionalAcceptance
 from blockdraft.trees.sampled import sampled_tree, tempered
 from blockdraft.verify import RejectionAcceptor
 
@@ -45,13 +43,10 @@ class TableDrafter(Drafter):
     name = "table"
 
     def __init__(self, logits: torch.Tensor, depth: int = 3, budget: int = 6, sample: bool = True,
-                 parents: int = V, more_rows: bool = False, positional: bool = False):
+                 parents: int = V, more_rows: bool = False):
         self.logp = torch.log_softmax(logits, -1)
         self.depth, self.budget, self.sample = depth, budget, sample
         self.parents, self.more_rows = parents, more_rows  # tables for the first `parents` tokens only
-        # shape=positional: the shape from the sibling positions' acceptance counted in earlier steps
-        self.positional = PositionalAcceptance(depth) if positional else None
-        self.sent = None
 
     def rows(self, tokens, depth):
         top = self.logp[tokens].topk(V, -1)
@@ -65,19 +60,12 @@ class TableDrafter(Drafter):
         parents[0] = root
         top = self.logp[parents].topk(V, -1)  # row (d, m): the target's distribution after token parents[d, m]
         scores = []
-        if self.positional is not None:
-            if self.sent is not None and len(ctx.tokens) > self.sent[1]:  # (a new sample starts a new context)
-                self.positional.learn(*self.sent, ctx.tokens)
-            tree, scores = self.positional.shape(root, self.budget, self.depth)
-        else:
-            tree = best_first_transition_tree(root, lattice, parents, top.indices[..., :3], top.values[..., :3],
-                                              self.budget, scores=scores)
+        tree = best_first_transition_tree(root, lattice, parents, top.indices[..., :3], top.values[..., :3],
+                                          self.budget, scores=scores)
         if not self.sample:
             return tree
-        tree = sampled_tree(tree, scores, lattice, ctx.temperature, ctx.generator, V, parents, top.indices,
+        return sampled_tree(tree, scores, lattice, ctx.temperature, ctx.generator, V, parents, top.indices,
                             top.values, self.rows if self.more_rows else None)[0]
-        self.sent = (tree, len(ctx.tokens))
-        return tree
 
 
 # a drafter that is close to the target but not equal to it: children get rejected, so siblings matter
@@ -154,18 +142,14 @@ def test_at_temperature_zero_the_tree_is_the_deterministic_one():
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4, top_p=0.9)])
-@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper", "tables-rows-on-demand",
-                                  "tables-positional-shape"])
+@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper", "tables-rows-on-demand"])
 def test_sampled_trees_sample_the_target_distribution(kind, params):
-    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5), for
-    rows computed on demand for drawn tokens that have no table row (their q depends on the draws above), and
-    for shapes that follow what earlier steps accepted (shape=positional: fixed before this step's draws)."""
+    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5), and
+    for rows computed on demand for drawn tokens that have no table row (their q depends on the draws above)."""
     n = 12000
     drafter = {"marginal": lambda: marginal_tree(), "tables": lambda: TableDrafter(DRAFT_TABLE),
                "marginal-drawn-sharper": lambda: marginal_tree(draft_temp=0.5),
-               "tables-rows-on-demand": lambda: TableDrafter(DRAFT_TABLE, parents=2, more_rows=True),
-               "tables-positional-shape": lambda: TableDrafter(DRAFT_TABLE, parents=2, more_rows=True,
-                                                               positional=True)}[kind]()
+               "tables-rows-on-demand": lambda: TableDrafter(DRAFT_TABLE, parents=2, more_rows=True)}[kind]()
     counts, _ = markov_counts(drafter, params, n)
     assert chi_square_p(counts, markov_expected(params, TABLE), n) > 0.01
 
@@ -233,45 +217,3 @@ def test_a_drawn_token_without_a_table_row_gets_its_own_row_on_demand(more_rows)
         assert conditioned > 0 and marginal == 0
     else:
         assert conditioned == 0 and marginal > 0
-
-
-def test_positional_shape_is_the_top_nodes_of_the_position_products():
-    """Against brute force: every node of the unbounded positional tree (depth <= 3, 8 children a node) scored by
-    its path's product of P[depth][sibling position]; the shape holds exactly the `budget` best."""
-    acceptance = PositionalAcceptance(depth=3)
-    acceptance.accepted[1] *= 2.5  # depth 2 accepts more often than the prior says, depth 3 less
-    acceptance.accepted[2] *= 0.2
-    p = acceptance.probabilities()
-    assert (p[:, 1:] <= p[:, :-1]).all()
-    every = []
-
-    def grow(logp, depth):
-        if depth == 3:
-            return
-        for i in range(8):
-            every.append(logp + float(np.log(p[depth, i])))
-            grow(every[-1], depth + 1)
-
-    grow(0.0, 0)
-    for budget in (1, 5, 12, 30):
-        tree, scores = acceptance.shape(7, budget, 3)
-        assert len(tree) == budget + 1 and tree.tokens.tolist() == [7] * (budget + 1)
-        assert np.allclose(sorted(scores, reverse=True), sorted(every, reverse=True)[:budget])
-        assert scores == sorted(scores, reverse=True)  # best first: `keep_best` may cut it anywhere
-        for c in range(1, len(tree)):  # each node's score is its parent's times its own position's P
-            parent, d, i = int(tree.parents[c]), int(tree.depth[c]), tree.children[int(tree.parents[c])].index(c)
-            assert scores[c - 1] == pytest.approx((scores[parent - 1] if parent else 0.0) + np.log(p[d - 1, i]))
-    assert int(acceptance.shape(7, 30, 1)[0].depth.max()) == 1
-
-
-def test_positional_acceptance_counts_the_accepted_sibling_position():
-    acceptance = PositionalAcceptance(depth=3, children=4)
-    before_tried, before_accepted = acceptance.tried.copy(), acceptance.accepted.copy()
-    # root 9 -> children 1, 2, 3 (positions 0, 1, 2); 2 -> children 4, 5; the target accepted 2, then 5, then gave 6
-    tree = DraftTree(torch.tensor([9, 1, 2, 3, 4, 5]), torch.tensor([-1, 0, 0, 0, 2, 2]))
-    acceptance.learn(tree, 10, [0] * 9 + [9, 2, 5, 6])
-    assert (acceptance.tried - before_tried).tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]]
-    assert (acceptance.accepted - before_accepted).tolist() == [[0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
-    acceptance.learn(tree, 10, [0] * 9 + [9, 8])  # nothing accepted: the root's three children were tried
-    assert (acceptance.tried - before_tried)[0].tolist() == [2, 2, 2, 0]
-    assert (acceptance.accepted - before_accepted)[0].tolist() == [0, 1, 0, 0]

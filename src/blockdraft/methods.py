@@ -132,15 +132,13 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
     """Factory for a parent-conditioned tree method: the base drafter (its options) + its AR-approximation
     module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K);
     sample=1: at T > 0 children are sampled from the module's distribution, with q (trees/sampled.py), drawn at
-    draft_temp= times the decoder's temperature (default 1), in the deterministic tree's shape (shape=drafter,
-    the default) or in the shape the sibling positions' measured acceptance makes best (shape=positional,
-    Sequoia's model); columns=N: children only among each depth's N likeliest marginal tokens (default 128; 0:
-    the whole draft vocabulary).
+    draft_temp= times the decoder's temperature (default 1); columns=N: children only among each depth's N
+    likeliest marginal tokens (default 128; 0: the whole draft vocabulary).
     The budget defaults to 'auto': sized per step by the cost curve at the current context length, which on
     held-out ShareGPT matched a fixed 16 nodes and at long contexts kept the trees ahead of `ar`."""
     def factory(target: Target, module: str | None = None, budget: int | str = "auto", parents: int = 8,
                 children: int = 8, sample: bool = False, draft_temp: float = 1.0, columns: int | None = None,
-                shape: str = "drafter", **options) -> Drafter:
+                **options) -> Drafter:
         from .drafters.treeflash import TreeFlashDrafter
         from .trees.budget import cost_curve
 
@@ -149,7 +147,7 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
         curve = cost_curve(target) if budget == "auto" else None
         return TreeFlashDrafter.from_pretrained(folder, target, drafter, budget=budget, parents=parents,
                                                 children=children, cost_curve=curve, sample=sample,
-                                                draft_temp=draft_temp, shape=shape,
+                                                draft_temp=draft_temp,
                                                 **({} if columns is None else {"columns": int(columns)}))
     return factory
 

@@ -27,13 +27,11 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from ..trees.budget import CostCurve, keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
-from ..trees.positional import PositionalAcceptance
 from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 
 
-SHAPES = ("drafter", "positional")  # a sampled tree's shape: the deterministic best-first one, or Sequoia's
 # Transition rows over each depth's 128 likeliest marginal tokens, not the 8k draft vocabulary: on held-out ShareGPT
 # (2026-12-03) hydra's drafting fell by ~0.45 ms a step, tau did not fall (hydra 1.99 -> 2.00, treeflash 1.97 -> 2.05)
 COLUMNS = 128
@@ -80,9 +78,7 @@ class TreeFlashDrafter(Drafter):
     its top SAMPLE_SUPPORT tokens) at the decoder's temperature, with q reported for multi-draft
     rejection (trees/sampled.py). `draft_temp` scales the temperature the children are drawn at (1 = the
     decoder's): any q keeps the output exact, and a drafter whose distribution is flatter or sharper than
-    the target's accepts more when drawn at another temperature. `shape='positional'` shapes the sampled tree
-    by how often the target accepted each sibling position at each depth in earlier steps instead
-    (trees/positional.py, Sequoia's model).
+    the target's accepts more when drawn at another temperature.
 
     `columns=N`: the transition rows are read over each depth's N likeliest marginal tokens only (`_rows`; 0 = the
     whole draft vocabulary)."""
@@ -94,8 +90,7 @@ class TreeFlashDrafter(Drafter):
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
                  children: int = 8, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
-                 vocab_size: int | None = None, draft_temp: float = 1.0, columns: int = COLUMNS,
-                 shape: str = "drafter"):
+                 vocab_size: int | None = None, draft_temp: float = 1.0, columns: int = COLUMNS):
         cost_curve = CostCurve.of(cost_curve)
         budget = node_budget(budget, cost_curve)  # budget 'auto': build to the curve's largest B, keep the best
         if parents < 1 or children < 1:
@@ -110,11 +105,6 @@ class TreeFlashDrafter(Drafter):
         if columns < 0:
             raise BlockdraftError(f"columns must be 0 (the whole draft vocabulary) or positive, got {columns}")
         self.columns = columns
-        if shape not in SHAPES:
-            raise BlockdraftError(f"shape must be one of {', '.join(SHAPES)}, got '{shape}'")
-        self.shape = shape
-        self.positional: PositionalAcceptance | None = None  # learnt across generations (shape 'positional')
-        self._sent = None  # (the last sampled tree sent, the context length then), to learn from
         self._columns = None  # this step's candidate columns per depth [D, columns] (draft ids), or None
         self.cost_curve = cost_curve
         self.feature_layers = base.feature_layers
@@ -137,7 +127,6 @@ class TreeFlashDrafter(Drafter):
 
     def reset(self, prompt_ids) -> None:
         self.base.reset(prompt_ids)
-        self._sent = None
 
     def observe(self, ctx: DraftContext) -> None:
         self.base.observe(ctx)
@@ -192,17 +181,8 @@ class TreeFlashDrafter(Drafter):
         return self.base.lm_head.to_target_ids(ids), top.values
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        if self._sent is not None:  # what the target accepted of the last sampled tree shapes the next ones
-            self.positional.learn(*self._sent, ctx.tokens)
-            self._sent = None
         tree, scores = self.scored_tree(ctx)
-        tree = keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
-        if self.shape == "positional" and self.sample and ctx.temperature > 0:
-            self._sent = (tree, len(ctx.tokens))
-        return tree
-
-    def forget(self) -> None:
-        self.positional, self._sent = None, None
+        return keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
 
     def scored_tree(self, ctx: DraftContext) -> tuple[DraftTree, list[float]]:
         """The best-first tree under the budget, and each draft node's cumulative log-prob (best first)."""
@@ -215,13 +195,8 @@ class TreeFlashDrafter(Drafter):
         width = max(self.children, self.SAMPLE_SUPPORT) if sample else self.children
         parents, tokens, logp = self.transitions(root, lattice, width)
         scores: list[float] = []
-        if sample and self.shape == "positional":  # the shape Sequoia's model of sibling positions makes best
-            if self.positional is None or len(self.positional.tried) < lattice.depth:
-                self.positional = PositionalAcceptance(lattice.depth, self.children)
-            tree, scores = self.positional.shape(root, self.budget, min(lattice.depth, ctx.max_depth))
-        else:
-            tree = best_first_transition_tree(root, lattice, parents, tokens[..., : self.children],
-                                              logp[..., : self.children], self.budget, ctx.max_depth, scores)
+        tree = best_first_transition_tree(root, lattice, parents, tokens[..., : self.children],
+                                          logp[..., : self.children], self.budget, ctx.max_depth, scores)
         if sample:  # the same shape (only the nodes that will be sent), its children drawn from the wider rows
             tree = keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
             tree, scores = sampled_tree(tree, scores[: len(tree) - 1], lattice, ctx.temperature * self.draft_temp,
