@@ -74,13 +74,12 @@ LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree")  # best-first tre
 
 def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 24, skip: float = 4.0,
                   weights: str | None = None, cost: str = "auto", learned_budget: int = 16,
-                  gate: bool = True, adapt: bool = True, **learned_options) -> Drafter:
+                  gate: bool = True, **learned_options) -> Drafter:
     """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one learned drafter of
     LEARNED_SOURCES),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
     tokens from retrieval above which the learned drafter is not run), gate=true|false (run the learned
-    drafter only where its measured gain pays for its measured time), adapt=true|false (calibrate each request's
-    nodes by what the target accepted of that request's nodes too), cost=auto|off (cost-aware size); any other
+    drafter only where its measured gain pays for its measured time), cost=auto|off (cost-aware size); any other
     option goes to the learned drafter (e.g. checkpoint=, module=, parents=)."""
     from .drafters.hybrid import HybridDrafter
     from .trees.budget import cost_curve
@@ -111,10 +110,7 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = 2
     curve = cost_curve(target) if cost == "auto" else None
     if not isinstance(gate, bool):
         raise BlockdraftError(f"hybrid: gate must be true or false, got '{gate}'")
-    if not isinstance(adapt, bool):
-        raise BlockdraftError(f"hybrid: adapt must be true or false, got '{adapt}'")
-    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors, strict=True)), gate,
-                         adapt)
+    return HybridDrafter(retrieval, learned, budget, curve, skip, dict(zip(names, factors, strict=True)), gate)
 
 
 def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Drafter]:

@@ -48,31 +48,12 @@ class AcceptanceCalibrator:
         length_bin = sum(match_length >= edge for edge in self.LENGTHS[1:])
         return source, min(int(estimate * self.BINS), self.BINS - 1), length_bin
 
-    def estimate(self, key: tuple, raw: float, request: "RequestCounts | None" = None) -> float:
-        """The calibrated estimate; with `request`, what this request's own nodes did moves it further (the same
-        drafter is strong on free text and weak on, say, translation, and one request is mostly one of them)."""
-        p = (self.accepted[key] + self.PRIOR * raw) / (self.seen[key] + self.PRIOR)
-        if request is None:
-            return p
-        return (request.accepted[key] + RequestCounts.PRIOR * p) / (request.seen[key] + RequestCounts.PRIOR)
+    def estimate(self, key: tuple, raw: float) -> float:
+        return (self.accepted[key] + self.PRIOR * raw) / (self.seen[key] + self.PRIOR)
 
-    def update(self, key: tuple, accepted: bool, request: "RequestCounts | None" = None) -> None:
+    def update(self, key: tuple, accepted: bool) -> None:
         self.accepted[key] += accepted
         self.seen[key] += 1
-        if request is not None:
-            request.accepted[key] += accepted
-            request.seen[key] += 1
-
-
-class RequestCounts:
-    """The calibration counts of one request (generation), on top of the process-wide ones; the process-wide
-    estimate is worth PRIOR of this request's observations."""
-
-    PRIOR = 8.0
-
-    def __init__(self):
-        self.accepted = defaultdict(float)
-        self.seen = defaultdict(float)
 
 
 class LearnedGate:
@@ -166,7 +147,7 @@ class HybridDrafter(Drafter):
 
     def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 24,
                  cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0,
-                 weights: dict[str, float] | None = None, gate: bool = True, adapt: bool = True):
+                 weights: dict[str, float] | None = None, gate: bool = True):
         if not retrieval and learned is None:
             raise BlockdraftError("hybrid needs at least one source")
         if budget < 1:
@@ -175,8 +156,6 @@ class HybridDrafter(Drafter):
         self.budget, self.cost_curve, self.skip = budget, CostCurve.of(cost_curve), skip
         self.weights = weights or {}
         self.calibrator = AcceptanceCalibrator()
-        self.adapt = adapt  # calibrate per request too (RequestCounts), reset with every generation
-        self.request = RequestCounts() if adapt else None
         self.gate = LearnedGate() if gate and learned else None
         self.feature_layers = learned[1].feature_layers if learned else ()
         self.learned_runs = self.steps = 0  # how often the learned drafter ran (for the report)
@@ -190,7 +169,6 @@ class HybridDrafter(Drafter):
         if self.learned:
             self.learned[1].reset(prompt_ids)
         self._last = self._ran = self._step_started = None
-        self.request = RequestCounts() if self.adapt else None  # reassigned: a batched sequence's fork keeps its own
 
     def observe(self, ctx: DraftContext) -> None:
         for source in self.retrieval.values():
@@ -239,7 +217,7 @@ class HybridDrafter(Drafter):
         p.keys = [self.calibrator.key(p.source, c, p.match_length) for c in p.cond]
         p.score = []
         for key, par, c in zip(p.keys, p.parents, p.cond, strict=True):
-            p.score.append((p.score[par] if par >= 0 else 1.0) * self.calibrator.estimate(key, c, self.request))
+            p.score.append((p.score[par] if par >= 0 else 1.0) * self.calibrator.estimate(key, c))
         return p
 
     def propose(self, ctx: DraftContext) -> DraftTree:
@@ -300,7 +278,7 @@ class HybridDrafter(Drafter):
                 ok = nxt is not None and accepted_child is None and int(tree.tokens[child]) == nxt
                 accepted_child = child if ok else accepted_child
                 for key in keys[child]:
-                    self.calibrator.update(key, ok, self.request)
+                    self.calibrator.update(key, ok)
             if accepted_child is None:
                 break
             node = accepted_child
