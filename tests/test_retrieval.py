@@ -293,7 +293,7 @@ def test_recycling_drafts_a_repeated_generation_almost_entirely(tiny):
 
 def test_hybrid_trees_respect_the_budget_and_are_prefix_closed():
     rng = random.Random(1)
-    for trial in range(40):
+    for _ in range(40):
         sources = {}
         for s in range(rng.randint(1, 3)):
             conts = [[rng.randrange(4) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 8))]
