@@ -328,8 +328,9 @@ def test_transition_rows_over_a_depths_likeliest_columns(tiny, trained, kind):
             expected = torch.log_softmax(torch.tensor([row[t] for t in marginal[d].tolist()]), -1).topk(4)
             assert torch.allclose(logp[d, m], expected.values, atol=1e-5)
             assert kids[d, m].tolist() == marginal[d][expected.indices].tolist()
-    with pytest.raises(BlockdraftError, match="columns"):
-        TreeFlashDrafter(base, module, columns=-1)
+    for bad in (-1, 2.5, "many"):
+        with pytest.raises(BlockdraftError, match="columns must be 0"):
+            TreeFlashDrafter(base, module, columns=bad)
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
     res = SpeculativeDecoder(tiny, narrow).generate(ids, 24)
     assert res.tokens == ar.tokens and res.stats.tree_nodes > res.stats.target_calls

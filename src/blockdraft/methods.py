@@ -148,7 +148,7 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
         return TreeFlashDrafter.from_pretrained(folder, target, drafter, budget=budget, parents=parents,
                                                 children=children, cost_curve=curve, sample=sample,
                                                 draft_temp=draft_temp,
-                                                **({} if columns is None else {"columns": int(columns)}))
+                                                **({} if columns is None else {"columns": columns}))
     return factory
 
 

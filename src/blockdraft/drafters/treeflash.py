@@ -102,8 +102,9 @@ class TreeFlashDrafter(Drafter):
         if not draft_temp > 0:
             raise BlockdraftError(f"draft_temp must be positive, got {draft_temp}")
         self.sample, self.vocab_size, self.draft_temp = sample, vocab_size, draft_temp
-        if columns < 0:
-            raise BlockdraftError(f"columns must be 0 (the whole draft vocabulary) or positive, got {columns}")
+        if isinstance(columns, bool) or not isinstance(columns, int) or columns < 0:
+            raise BlockdraftError(f"columns must be 0 (the whole draft vocabulary) or a positive number of tokens, "
+                                  f"got {columns!r}")
         self.columns = columns
         self._columns = None  # this step's candidate columns per depth [D, columns] (draft ids), or None
         self.cost_curve = cost_curve
