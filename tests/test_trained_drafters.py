@@ -11,8 +11,7 @@ from conftest import char_tokenizer, conversations, tiny_llama
 
 from blockdraft import Target
 from blockdraft.decoding import SpeculativeDecoder
-from blockdraft.drafters.base import DraftContext
-from blockdraft.drafters import BlockDrafter, HeadsDrafter
+from blockdraft.drafters import BlockDrafter, DraftContext, HeadsDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.methods import make_drafter
 from blockdraft.train.block import BlockTrainConfig, block_batch, block_forward, pick_anchors, train_block

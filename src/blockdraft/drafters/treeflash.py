@@ -169,17 +169,14 @@ class TreeFlashDrafter(Drafter):
         `columns` (draft ids [N], or [D, N] for states [D, M, H]) restricts the children to a depth's N likeliest
         marginal tokens: the LM head is read for N rows instead of the whole draft vocabulary (in the loop its
         weights come from memory each step), and the log-probs are normalised over those N."""
+        head = self.base.lm_head
         emb = self.base.embed[parents.to(self.base.embed.device)]
         out = self.module(states, emb.to(states.dtype))
-        if columns is None:
-            logp = torch.log_softmax(self.base.lm_head(out).float(), -1)
-        else:
-            logp = torch.log_softmax((out @ self.base.lm_head.weight[columns].transpose(-1, -2)).float(), -1)
-        top = logp.topk(min(width, logp.shape[-1]), -1)
-        ids = top.indices
-        if columns is not None:
-            ids = torch.take_along_dim(columns.unsqueeze(-2).expand(*ids.shape[:-1], -1), ids, -1)
-        return self.base.lm_head.to_target_ids(ids), top.values
+        logits = head(out) if columns is None else out @ head.weight[columns].transpose(-1, -2)
+        top = torch.log_softmax(logits.float(), -1).topk(min(width, logits.shape[-1]), -1)
+        ids = top.indices if columns is None else torch.take_along_dim(
+            columns.unsqueeze(-2).expand(*top.indices.shape[:-1], -1), top.indices, -1)  # -> draft ids
+        return head.to_target_ids(ids), top.values
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree, scores = self.scored_tree(ctx)
