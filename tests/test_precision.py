@@ -147,3 +147,22 @@ def test_measured_cost_curve_never_falls_below_a_smaller_tree(tiny_target, monke
     values = [curve[b] for b in sorted(curve)]
     assert curve[0] == 1.0 and values == sorted(values)
     assert len(set(calls[:4])) == 4  # sizes are timed in turns, not one after another
+
+
+def test_cost_curve_measured_at_other_sizes_is_measured_again(tmp_path, monkeypatch):
+    """A cached curve without the sizes on both sides of a tile step (an older file) must not be reused."""
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    measured = []
+
+    def fake_measure(target):
+        measured.append(1)
+        return budget.CostCurve({128: {b: 1.0 + b / 100 for b in budget.SIZES}})
+
+    monkeypatch.setattr(budget, "measure_cost_curve", fake_measure)
+    target = SimpleNamespace(name="t", dtype=torch.float32, device=torch.device("cpu"))
+    path = budget.cost_curve_path(target)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"by_context": {"128": {"0": 1.0, "12": 1.1, "16": 1.3}}}))  # the old sizes
+    curve = budget.cost_curve(target)
+    assert measured == [1] and 15 in curve.at(128)
+    assert budget.cost_curve(target) == curve and measured == [1]  # the new file is reused
