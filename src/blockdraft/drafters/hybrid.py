@@ -145,7 +145,7 @@ class HybridDrafter(Drafter):
 
     name = "hybrid"
 
-    def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 24,
+    def __init__(self, retrieval: dict[str, Drafter], learned: tuple[str, Drafter] | None = None, budget: int = 31,
                  cost_curve: CostCurve | dict[int, float] | None = None, skip: float = 4.0,
                  weights: dict[str, float] | None = None, gate: bool = True):
         if not retrieval and learned is None:
