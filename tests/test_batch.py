@@ -265,7 +265,8 @@ def test_fork_reaches_drafters_inside_containers():
     assert twin.calibrator is hybrid.calibrator  # learnt across generations on purpose: shared
 
 
-@pytest.mark.parametrize("method", ["suffix", "recycle", "hybrid:sources=suffix+recycle:cost=off", "lookup:max_branches=3"])
+@pytest.mark.parametrize("method", ["suffix", "recycle", "hybrid:sources=suffix+recycle:cost=off",
+                                    "lookup:max_branches=3"])
 def test_retrieval_methods_in_a_batch_keep_the_greedy_output(method):
     from blockdraft.methods import make_drafter
 

@@ -33,7 +33,8 @@ def greedy_reference(bf16):
     """Prompts, `ar`'s bf16 outputs, the float32 reference model and a tolerance measured on these outputs."""
     prompts = [bf16.encode(p, chat_template=False) for p in ("tell me more now\n", "abcab abcab abc")]
     ar = [SpeculativeDecoder(bf16, make_drafter("ar", bf16)).generate(p, TOKENS).tokens for p in prompts]
-    tolerance = ties.measure_tolerance(bf16, [p + a for p, a in zip(prompts, ar, strict=True)], "ar outputs")["tolerance"]
+    outputs = [p + a for p, a in zip(prompts, ar, strict=True)]
+    tolerance = ties.measure_tolerance(bf16, outputs, "ar outputs")["tolerance"]
     return prompts, ar, ties.float32_reference(bf16), tolerance
 
 
@@ -44,8 +45,8 @@ def test_greedy_in_bf16_has_no_real_mismatch(bf16, greedy_reference, method):
     drafter = make_drafter(method, bf16)
     for qid, (prompt, ref) in enumerate(zip(prompts, ar, strict=True)):
         res = SpeculativeDecoder(bf16, drafter).generate(prompt, TOKENS)
-        identical, found, _ = ties.classify_question(qid, [ref], [res.tokens], lambda t: prompt, reference,
-                                                     tolerance)
+        identical, found, _ = ties.classify_question(qid, [ref], [res.tokens], lambda t, prompt=prompt: prompt,
+                                                     reference, tolerance)
         assert identical + len(found) == 1 and all(d.tie for d in found), found
         if method != "ar" and qid == 0:
             assert res.stats.tree_nodes > res.stats.target_calls  # drafts were verified, not just roots

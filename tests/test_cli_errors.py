@@ -86,4 +86,5 @@ def test_bench_defaults_to_the_shipped_spec_bench_from_any_directory(tiny_model_
         assert (tmp_path / "out" / name).stat().st_size > 0
     named = main(["bench", "--questions", "spec-bench", "--methods", "ar", "--categories", "translation",
                   "--per-category", "1", "--max-new-tokens", "2", "--target", str(tiny_model_dir), "--out", "o2"])
-    assert named == 0 and json.loads((tmp_path / "o2" / "results.json").read_text())["records"][0]["category"] == "translation"
+    records = json.loads((tmp_path / "o2" / "results.json").read_text())["records"]
+    assert named == 0 and records[0]["category"] == "translation"

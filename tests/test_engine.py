@@ -110,7 +110,7 @@ def test_compiled_engine_matches_eager_through_trees_growth_and_commits_without_
         t.prefill(prompt)
     trees = [DraftTree.root_only(4), DraftTree.chain(5, [6, 7]), DraftTree.from_paths(5, [[6, 7, 8], [6, 9], [10]]),
              DraftTree.chain(9, list(range(10, 40)))]  # the long chain crosses the KV chunk boundary
-    for step in range(3):
+    for _ in range(3):
         for tree in trees:
             a, b = fast.verify(tree), eager.verify(tree)
             torch.testing.assert_close(a.logits, b.logits, **tol)

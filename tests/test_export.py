@@ -70,7 +70,8 @@ def vllm_medusa(config, t, h):
     for i in range(config["num_heads"]):
         x = h
         for j in range(config["num_hidden_layers"]):
-            x = x + torch.nn.functional.silu(x @ t[f"blocks.{i}.layers.{j}.weight"].T + t[f"blocks.{i}.layers.{j}.bias"])
+            w, b = t[f"blocks.{i}.layers.{j}.weight"], t[f"blocks.{i}.layers.{j}.bias"]
+            x = x + torch.nn.functional.silu(x @ w.T + b)
         logits = x @ t["lm_heads.0.weight"].T
         full = torch.full((*logits.shape[:-1], config["vocab_size"]), -torch.inf)
         full[..., t["token_map"]] = logits
@@ -93,7 +94,8 @@ def vllm_dflash(config, t, embed, aux, bonus):
     target_layer_ids + 1 in layer order; the query block is [bonus, mask_token_id x N] at positions n..n+N,
     attending non-causally to the n context K/V and to itself. Returns target-vocabulary logits [N, V]."""
     c, eps = config, config["rms_norm_eps"]
-    nh, nkv, hd, theta = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rope_parameters"]["rope_theta"]
+    nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    theta = c["rope_parameters"]["rope_theta"]
     n, n_q = len(aux), c["block_size"]
     ctx = rms(aux @ t["fc.weight"].T, t["hidden_norm.weight"], eps)  # combine_hidden_states, then hidden_norm
     ids = torch.tensor([bonus] + [c["dflash_config"]["mask_token_id"]] * (n_q - 1))
@@ -104,7 +106,7 @@ def vllm_dflash(config, t, embed, aux, bonus):
         residual = x if residual is None else x + residual
         h = rms(residual, t[p + "input_layernorm.weight"], eps)
 
-        def heads(z, w, k):
+        def heads(z, w, k, p=p):
             return (z @ t[p + f"self_attn.{w}.weight"].T).view(len(z), k, hd)
         q = vllm_rope(rms(heads(h, "q_proj", nh), t[p + "self_attn.q_norm.weight"], eps), pos, theta)
         k = vllm_rope(rms(heads(h, "k_proj", nkv), t[p + "self_attn.k_norm.weight"], eps), pos, theta)
