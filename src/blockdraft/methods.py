@@ -7,6 +7,7 @@ from typing import Callable
 from pathlib import Path
 
 from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter, SuffixDrafter
+from .drafters.hybrid import BUDGET as HYBRID_BUDGET
 from .drafters.recycle import RecycleDrafter
 from .errors import BlockdraftError
 from .target import Target
@@ -70,12 +71,6 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
 
 
 LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree")  # best-first trees with scores
-
-
-# 31 draft nodes + the root fill two of the AMX kernels' 16-row tiles: nodes 25-31 cost ~0.02 steps in all
-# (trees/budget.py). Held-out ShareGPT, 2026-12-03: 2.02x `ar` against 1.83x with 24 (one run); quick subset 4.34x
-# against 4.27x `hf`. The cost-aware cut still decides how many of them are sent.
-HYBRID_BUDGET = 31
 
 
 def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = HYBRID_BUDGET, skip: float = 4.0,
