@@ -116,7 +116,7 @@ def _step_logits(target, ids: list[int]) -> torch.Tensor:
     target.prefill(ids[:1])
     rows = []
     for tok in ids[1:-1]:
-        rows.append(target.verify(DraftTree.root_only(tok)).logits[0])
+        rows.append(target.verify(DraftTree.root_only(tok)).logits[0].float())
         target.commit([0])
     return torch.stack(rows)
 
@@ -129,7 +129,7 @@ def _batched_logits(target, ids: list[int], chunk: int) -> torch.Tensor:
     rows = []
     for a in range(1, len(ids) - 1, chunk):
         part = ids[a : min(a + chunk, len(ids) - 1)]
-        rows.append(target.verify(DraftTree.chain(part[0], part[1:])).logits)
+        rows.append(target.verify(DraftTree.chain(part[0], part[1:])).logits.float())
         target.commit(list(range(len(part))))
     return torch.cat(rows)
 

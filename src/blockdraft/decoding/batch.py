@@ -241,7 +241,7 @@ class BatchDecoder:
             hidden = [hidden[every.index(layer)] for layer in layers]
         else:
             logits, hidden = self.engine.forward(0, *verify, layers)
-        logits = logits.float().cpu()  # acceptors run on the CPU, as in Target.verify
+        logits = logits.cpu()  # acceptors run on the CPU, in the target's dtype, as in Target.verify
         verify_s = time.perf_counter() - t1
         self.forwards += 1
 

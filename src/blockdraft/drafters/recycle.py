@@ -42,6 +42,7 @@ class RecycleDrafter(Drafter):
         if verified is None:
             return
         tree, logits = verified
+        logits = logits.float()  # the target's dtype (bf16) would round the log-normaliser
         top = logits.topk(self.k, -1)
         probs = torch.exp(top.values - torch.logsumexp(logits, -1, keepdim=True))
         self.next_tokens[tree.tokens] = top.indices  # on repeated tokens the later (deeper) node wins

@@ -99,42 +99,46 @@ def best_first_transition_tree(root: int, lattice: DraftLattice, parents, tokens
                                max_depth: int | None = None, scores: list | None = None) -> DraftTree:
     """Best-first over transition tables (TreeFlash): a node at depth d whose token is one of the
     table's parents for depth d+1 gets that parent's top-K children and log-probs; any other node
-    falls back to the marginal top-k of depth d+1. parents [D, M], tokens/logp [D, M, K].
-    `scores`, if given, receives each added node's path log-probability, in order (best first)."""
+    falls back to the marginal top-k of depth d+1. parents [D, M], tokens/logp [D, M, K], each row
+    sorted best first (as top-k returns them).
+    `scores`, if given, receives each added node's path log-probability, in order (best first).
+
+    Rows are sorted, so a node's k-th child never beats its (k-1)-th: the heap holds each node's best
+    child not yet taken, and taking a child queues its next sibling and its own first child. Two
+    pushes per node instead of K keep wide rows (K = 16) cheap in Python."""
     depth = lattice.depth if max_depth is None else min(max_depth, lattice.depth)
     if budget <= 0 or depth <= 0:
         return DraftTree.root_only(root)
-    par = parents.tolist()
-    tok, lp = tokens.numpy(), logp.float().numpy()
-    marg_tok, marg_lp = lattice.tokens.numpy(), lattice.logp.float().numpy()
+    par = [{int(t): m for m, t in reversed(list(enumerate(row)))} for row in parents.tolist()]  # first wins
+    tok, lp = tokens.tolist(), logp.float().tolist()
+    marg_tok, marg_lp = lattice.tokens.tolist(), lattice.logp.float().tolist()
 
-    def children(token: int, d: int):
-        """Candidate children at depth d of a node holding `token` at depth d-1 (the root at d = 0)."""
-        if token in par[d]:
-            m = par[d].index(token)
-            return tok[d, m], lp[d, m]
-        return marg_tok[d], marg_lp[d]
+    def children(token: int, d: int) -> tuple[list, list]:
+        """Candidate children at depth d of a node holding `token` at depth d-1 (the root at d = 0), best first."""
+        m = par[d].get(token)
+        return (tok[d][m], lp[d][m]) if m is not None else (marg_tok[d], marg_lp[d])
 
     out_tokens, out_parents, node_depth = [root], [-1], [0]
-    heap: list[tuple[float, int, int, int]] = []
-    counter = 0
-
-    def push(node: int, score: float) -> None:
-        nonlocal counter
-        d = node_depth[node]
-        if d >= depth:
-            return
-        for t, s in zip(*children(out_tokens[node], d), strict=True):
-            heapq.heappush(heap, (-(score + float(s)), counter, node, int(t)))
-            counter += 1
-
-    push(0, 0.0)
+    rows = [children(root, 0)]  # each node's candidate children (tokens, log-probs)
+    # (-score, tie-breaker, parent node, rank of the child in the parent's row, parent's score)
+    heap: list[tuple[float, int, int, int, float]] = [(-rows[0][1][0], 0, 0, 0, 0.0)]
+    counter = 1
     while heap and len(out_tokens) <= budget:
-        neg, _, parent, t = heapq.heappop(heap)
-        out_tokens.append(t)
+        neg, _, parent, k, base = heapq.heappop(heap)
+        row_tokens, row_logp = rows[parent]
+        if k + 1 < len(row_tokens):  # the next sibling
+            heapq.heappush(heap, (-(base + row_logp[k + 1]), counter, parent, k + 1, base))
+            counter += 1
+        node = len(out_tokens)
+        out_tokens.append(int(row_tokens[k]))
         out_parents.append(parent)
         node_depth.append(node_depth[parent] + 1)
         if scores is not None:
             scores.append(-neg)
-        push(len(out_tokens) - 1, -neg)
+        if node_depth[node] < depth:  # its first child
+            rows.append(children(out_tokens[node], node_depth[node]))
+            heapq.heappush(heap, (neg - rows[node][1][0], counter, node, 0, -neg))
+            counter += 1
+        else:
+            rows.append(None)
     return DraftTree(np.asarray(out_tokens), np.asarray(out_parents))
