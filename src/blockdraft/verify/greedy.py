@@ -12,12 +12,14 @@ class GreedyAcceptor(Acceptor):
     name = "greedy"
 
     def accept(self, tree: DraftTree, logits: torch.Tensor, gen=None) -> Acceptance:
-        # Only the rows along the accepted path are read: numpy's argmax of one float32 row of the target's
-        # vocabulary takes ~3 us, torch's max over all rows of a 32-node tree ~0.4 ms. Both return the first
-        # maximal index.
-        rows = logits.detach().float().cpu().numpy()
+        # Only the rows along the accepted path are read and converted: numpy's argmax of one row of the target's
+        # vocabulary takes ~15 us with the conversion from bf16, while torch's max over all rows of a 32-node tree
+        # takes ~0.4 ms and converting them all ~0.16 ms. Both argmaxes return the first maximal index.
+        def best(node: int) -> int:
+            return int(logits[node].detach().float().cpu().numpy().argmax())
+
         path, node = [0], 0
-        while (child := child_with_token(tree, node, int(rows[node].argmax()))) is not None:
+        while (child := child_with_token(tree, node, token := best(node))) is not None:
             path.append(child)
             node = child
-        return Acceptance(path, int(rows[node].argmax()))
+        return Acceptance(path, token)
