@@ -18,7 +18,7 @@ class DraftContext:
     # the last step, or on the first step the prompt minus its last token. None if the drafter reads none.
     features: torch.Tensor | None
     max_depth: int  # drafts deeper than this would be cut (token budget or context end)
-    # The previous step's tree and the target's logits at its nodes ([n, V], float32, CPU): what token
+    # The previous step's tree and the target's logits at its nodes ([n, V], the target's dtype, CPU): what token
     # recycling drafts from. None on the first step.
     verified: tuple[DraftTree, torch.Tensor] | None = None
     # The decoder's sampling temperature (0: greedy) and its generator: a drafter in sampling mode draws
