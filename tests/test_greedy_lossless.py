@@ -91,3 +91,31 @@ def test_python_api_generate_matches_decoder(tiny_target):
     assert res.tokens == ref.tokens and res.stats.method == "lookup:max_branches=2"
     with pytest.raises(blockdraft.BlockdraftError, match="temperature"):
         blockdraft.generate(ids, target=tiny_target, temperature=-1)
+
+
+@pytest.mark.parametrize("nodes", [3, 8, 9, 32])  # both sides of GreedyAcceptor.CONVERT_ALL
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_acceptor_walks_the_argmax_path_reading_rows_lazily(nodes, dtype):
+    from blockdraft.trees import DraftTree
+    from blockdraft.verify.greedy import GreedyAcceptor
+
+    g = torch.Generator().manual_seed(nodes)
+    vocab = 50
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, nodes)]
+    tree = DraftTree(torch.randint(0, vocab, (nodes,), generator=g), parents)
+    logits = torch.randn(nodes, vocab, generator=g).to(dtype)
+    for node in range(nodes):  # make the target agree with a child wherever one exists: a deep accepted path
+        children = tree.children[node]
+        if children:
+            logits[node, int(tree.tokens[children[-1]])] = 10.0
+    want, node = [0], 0  # reference: torch argmax over float32 rows, first matching child
+    while True:
+        token = int(logits[node].float().argmax())
+        child = next((c for c in tree.children[node] if int(tree.tokens[c]) == token), None)
+        if child is None:
+            break
+        want.append(child)
+        node = child
+    acc = GreedyAcceptor().accept(tree, logits)
+    assert acc.path == want and acc.bonus == token
+    assert len(want) > 1  # the walk went past the root
