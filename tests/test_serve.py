@@ -142,6 +142,25 @@ def test_models_health_metrics(client):
     assert float(samples['blockdraft_requests_total{endpoint="completions",outcome="ok"}']) >= 1
 
 
+def test_a_conversations_second_turn_reuses_the_first_and_keeps_its_output(target, reference):
+    """Batched serving keeps finished requests' KV entries: turn 2, which resends turn 1 and its reply, prefills
+    only the new message, and its reply is still plain greedy decoding's."""
+    with TestClient(create_app(target, "lookup", max_batch=4)) as c:
+        messages = [{"role": "user", "content": "abc abc"}]
+        first = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 12}).json()
+        messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "cab cab"}]
+        second = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 12}).json()
+        ids = reference.encode_chat(messages)
+        assert second["choices"][0]["message"]["content"] == greedy(reference, ids, 12).text
+        text = c.get("/metrics").text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert samples["blockdraft_prefix_cache_lookups_total"] == "2"
+    # at least turn 1's prompt (the template puts the reply and the new message after it)
+    assert float(samples["blockdraft_prefix_cache_reused_tokens_total"]) >= len(reference.encode_chat(messages[:1])) - 2
+    assert float(samples["blockdraft_prefix_cache_bytes"]) > 0
+
+
 CONTEXT = 256  # the tiny model's max_position_embeddings
 
 BAD_REQUESTS = [
@@ -266,7 +285,9 @@ def test_unknown_launch_method_fails_at_startup(target):
 
 
 @pytest.mark.parametrize("args,words", [(["--method", "nope"], "unknown method 'nope'"),
-                                        (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch")])
+                                        (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch"),
+                                        (["--prefix-cache-mb", "-1"], "--prefix-cache-mb"),
+                                        (["--prefix-cache-mb", "lots"], "--prefix-cache-mb")])
 def test_serve_command_refuses_bad_flags_in_one_line(args, words, capsys):
     from blockdraft.cli import main
 

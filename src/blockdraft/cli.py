@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     s.add_argument("--max-batch", type=_positive_int, default=8,
                    help="sequences decoded together (default 8; 1 = one request at a time)")
+    s.add_argument("--prefix-cache-mb", type=_megabytes, default=256,
+                   help="memory for the KV entries of finished requests, reused by prompts that start alike "
+                        "(a conversation's next turn, a shared system prompt); default 256, 0 = off")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $BLOCKDRAFT_API_KEY, "
                         "else no key)")
@@ -259,6 +262,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafter checkpoint folder (default: the one shipped for the target)")
     x.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     return parser
+
+
+def _megabytes(value: str) -> float:
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = -1.0
+    if not 0 <= mb < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of megabytes >= 0 (0 = off), got '{value}'")
+    return mb
 
 
 def _port(value: str) -> int:
@@ -286,7 +299,7 @@ def cmd_serve(args) -> int:
     check_address(args.host, args.port)  # a port in use fails now, not after loading the model
     target = _load_target(args)
 
-    run_server(target, args.method, args.host, args.port, args.max_batch, api_key)
+    run_server(target, args.method, args.host, args.port, args.max_batch, api_key, args.prefix_cache_mb)
     return 0
 
 

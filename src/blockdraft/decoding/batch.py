@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..drafters import DraftContext, Drafter
@@ -23,6 +24,7 @@ from ..errors import BlockdraftError
 from ..target import Target
 from ..target.batch_engine import BatchEngine
 from ..verify import Acceptor, SamplingParams, make_acceptor
+from .prefix_cache import CachedPrefix, PrefixCache
 from .stats import GenerationResult, GenerationStats
 from .stopping import Stopper
 
@@ -69,6 +71,7 @@ class Sequence:
     features: torch.Tensor | None = None  # features of the tokens committed since the last propose()
     prefilled: int = 0  # prompt tokens in the KV cache while the sequence waits to decode
     prompt_features: list[torch.Tensor] = field(default_factory=list)  # their features, chunk by chunk
+    feature_history: list[torch.Tensor] | None = None  # features of every committed position (for the prefix cache)
     verified: tuple | None = None  # the last step's tree and its logits (what token recycling reads)
     keep_chars: int | None = None
     slot: int = -1
@@ -92,12 +95,18 @@ class BatchDecoder:
     Slots 0..D-1 hold the `decoding` sequences, the next ones those `waiting` for their prompt to be in the
     cache. Each step carries up to `prefill_chunk` prompt tokens of the first waiting sequence in its forward;
     a prompt is prefilled in a pass of its own only when nothing is decoding (it waits for no one then).
+
+    With `prefix_cache_mb` > 0, finished sequences leave their KV entries in a `PrefixCache` of that size, and a
+    new prompt that starts like one of them prefills only what differs (a conversation's next turn, a shared
+    system prompt).
     """
 
     def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None, max_rows: int | None = 16,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, prefix_cache_mb: float = 256):
         if prefill_chunk < 1:
             raise BlockdraftError(f"prefill_chunk must be a positive number of tokens, got {prefill_chunk}")
+        if not prefix_cache_mb >= 0:
+            raise BlockdraftError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {prefix_cache_mb}")
         self.target, self.max_batch, self.prefill_chunk = target, max_batch, prefill_chunk
         self.max_nodes = max_nodes  # optional cap on each tree's size, root included (as SpeculativeDecoder's)
         # Every tree is padded to the largest, so one big tree makes all B rows of the batch pay for it: with
@@ -106,6 +115,7 @@ class BatchDecoder:
         # with max_rows 64 / 32 / 16 (BENCHMARKS.md, "Serving")
         self.max_rows = max_rows
         self.engine = BatchEngine(target.forwarder, max_batch)
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self.decoding: list[Sequence] = []  # decoding[i] lives in slot i
         self.waiting: list[Sequence] = []  # waiting[i] lives in slot len(decoding) + i
         self.forwards = 0  # batched verification forwards run (for tests and metrics)
@@ -143,8 +153,35 @@ class BatchDecoder:
         seq.started = time.perf_counter()
         seq.slot = len(self.decoding) + len(self.waiting)
         self.engine.reset(seq.slot)
+        if self.prefix_cache is not None:
+            self._reuse_prefix(seq)
         self.waiting.append(seq)
         return seq
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Start seq's slot with the longest stored prefix of its prompt (all of it but the last token, which
+        is the first tree's root), features included for drafters that read them."""
+        layers = tuple(seq.drafter.feature_layers)
+        if layers:
+            seq.feature_history = []
+        hit, n = self.prefix_cache.lookup(seq.prompt_ids[:-1], layers)
+        if n:
+            self.engine.load(seq.slot, hit.keys, hit.values, n)
+            seq.prefilled = n
+            if layers:
+                seq.prompt_features.append(hit.features[:n])
+
+    def _remember(self, seq: Sequence) -> None:
+        """Store a finished sequence's KV entries (and features) for the prompts that will start like it."""
+        n = min(self.engine.lengths[seq.slot], len(seq.tokens))  # tokens cut at EOS have entries but no place
+        keys, values = self.engine.save(seq.slot, n)
+        history = seq.feature_history
+        features = torch.cat(history)[:n] if history else None
+        if features is not None and len(features) != n:  # (cannot happen: one feature row per committed entry)
+            features = None  # then the entry serves drafters without features only, never misaligned rows
+        layers = tuple(seq.drafter.feature_layers) if features is not None else ()
+        self.prefix_cache.store(CachedPrefix(np.asarray(seq.tokens[:n], dtype=np.int64), keys, values, layers,
+                                             features))
 
     def _unprefilled(self, seq: Sequence) -> list[int]:
         # as Target.prefill: the KV cache gets the prompt but its last token, the first tree's root
@@ -174,6 +211,8 @@ class BatchDecoder:
             if seq.prompt_features:
                 seq.features = torch.cat(seq.prompt_features)
                 seq.prompt_features = []
+            if seq.feature_history is not None and seq.features is not None:
+                seq.feature_history.append(seq.features)
             seq.drafter.reset(seq.prompt_ids)
             seq.stats.prefill_s = time.perf_counter() - seq.started  # waiting for its chunks included
 
@@ -255,6 +294,8 @@ class BatchDecoder:
             if seq.drafter.feature_layers:  # this drafter's layers, in its order, at the accepted nodes
                 own = torch.cat([hidden[layers.index(layer)][b, :n] for layer in seq.drafter.feature_layers], -1)
                 seq.features = own[acc.path]
+                if seq.feature_history is not None:
+                    seq.feature_history.append(seq.features)
             s = seq.stats
             s.verify_s += verify_s
             s.target_calls += 1
@@ -263,6 +304,8 @@ class BatchDecoder:
             if self._emit(seq, tree.tokens[acc.path[1:]].tolist() + [acc.bonus], acc.accepted_drafts):
                 finished.append(seq)
         for seq in finished:
+            if self.prefix_cache is not None:
+                self._remember(seq)
             self.remove(seq)
         return failed + finished
 

@@ -74,13 +74,13 @@ class TextDeltas:
 
 
 def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, own_thread: bool = True) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, own_thread: bool = True, prefix_cache_mb: float = 256) -> FastAPI:
     """An app serving `target` with speculative method `method` (a request may name another in `method`),
     decoding up to `max_batch` requests together: on a worker thread the app starts (own_thread), or in a
-    thread of the caller's, which then runs `app.state.scheduler.run()` itself."""
+    thread of the caller's, which then runs `app.state.scheduler.run()` itself. `prefix_cache_mb`: see BatchDecoder."""
     check_method(method, method)  # an unknown launch method fails now, not on the first request
     metrics = Metrics()
-    scheduler = Scheduler(target, method, metrics, max_batch, own_thread=own_thread)
+    scheduler = Scheduler(target, method, metrics, max_batch, own_thread=own_thread, prefix_cache_mb=prefix_cache_mb)
     model_name = target.name
 
     @asynccontextmanager

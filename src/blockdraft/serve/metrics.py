@@ -19,6 +19,7 @@ class Metrics:
         self.batch_sizes = Counter()  # sequences verified together in one target forward -> forwards
         self.queue_length = 0  # requests waiting for a slot
         self.active = 0  # sequences being decoded
+        self.prefix_cache = (0, 0, 0, 0)  # lookups, hits, prompt tokens reused, bytes held (BatchDecoder's cache)
 
     def count_request(self, endpoint: str, outcome: str) -> None:
         with self._lock:
@@ -40,6 +41,10 @@ class Metrics:
     def set_load(self, queue_length: int, active: int) -> None:
         with self._lock:
             self.queue_length, self.active = queue_length, active
+
+    def set_prefix_cache(self, cache) -> None:
+        with self._lock:
+            self.prefix_cache = (cache.lookups, cache.hits, cache.reused_tokens, cache.nbytes)
 
     def render(self) -> str:
         with self._lock:
@@ -74,6 +79,14 @@ class Metrics:
             family("blockdraft_batch_size_total", "counter",
                    "target forwards by the number of sequences verified together",
                    [({"size": s}, n) for s, n in sorted(self.batch_sizes.items())])
+            lookups, hits, reused, held = self.prefix_cache
+            family("blockdraft_prefix_cache_lookups_total", "counter", "prompts looked up in the prefix cache",
+                   [({}, lookups)])
+            family("blockdraft_prefix_cache_hits_total", "counter", "prompts that started like a cached sequence",
+                   [({}, hits)])
+            family("blockdraft_prefix_cache_reused_tokens_total", "counter",
+                   "prompt tokens taken from the prefix cache instead of prefilled", [({}, reused)])
+            family("blockdraft_prefix_cache_bytes", "gauge", "memory the prefix cache holds", [({}, held)])
             return "\n".join(out) + "\n"
 
     def _acceptance_by_depth(self) -> list[tuple[dict, float]]:

@@ -81,8 +81,9 @@ class Scheduler:
     """
 
     def __init__(self, target, default_method: str, metrics: Metrics | None = None, max_batch: int = 8,
-                 own_thread: bool = True):
+                 own_thread: bool = True, prefix_cache_mb: float = 256):
         self.target, self.default_method, self.max_batch = target, default_method, max_batch
+        self.prefix_cache_mb = prefix_cache_mb  # the batch decoder's (BatchDecoder)
         self.own_thread = own_thread  # False: the caller runs run() itself (blockdraft serve: the main thread)
         self.metrics = metrics or Metrics()
         self.queue: queue.Queue = queue.Queue()
@@ -144,7 +145,8 @@ class Scheduler:
         self._prepared = True
         if self.max_batch > 1:
             try:
-                self.batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES)
+                self.batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES,
+                                          prefix_cache_mb=self.prefix_cache_mb)
             except BlockdraftError as e:
                 log.warning("one request at a time: %s", e)
         try:
@@ -206,6 +208,8 @@ class Scheduler:
                                                      kind="server_error"))
                 continue
             self.metrics.count_batch(size)
+            if batch.prefix_cache is not None:
+                self.metrics.set_prefix_cache(batch.prefix_cache)
             self.active = len(batch.active)  # before the clients hear the end, so /health agrees with them
             self._report_load()
             for seq in finished:

@@ -178,6 +178,19 @@ class BatchEngine:
         self.lengths[slot] = start + m
 
     @torch.inference_mode()
+    def save(self, slot: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of slot's first n keys and values, per layer [kv_heads, n, head_dim] (for a prefix cache)."""
+        return [k[slot, :, :n].clone() for k in self.keys], [v[slot, :, :n].clone() for v in self.values]
+
+    @torch.inference_mode()
+    def load(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int) -> None:
+        """Make the first n entries of `keys`/`values` (as `save` returns them) slot's committed prefix."""
+        self._reserve(n + 1)
+        for dst, src in zip(self.keys + self.values, keys + values, strict=True):
+            dst[slot, :, :n] = src[:, :n]
+        self.lengths[slot] = n
+
+    @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
         """Move a sequence from slot src to slot dst (keeping the active slots contiguous)."""
         n = self.lengths[src]

@@ -1,0 +1,132 @@
+"""Prefix caching in the batch decoder: a prompt that starts like a finished sequence takes that sequence's KV
+entries (and features) instead of prefilling them, and its output stays its batch-1 greedy output (float32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from blockdraft import NoDrafter, SpeculativeDecoder
+from blockdraft.decoding import BatchDecoder
+from blockdraft.decoding.prefix_cache import CachedPrefix, PrefixCache, common_prefix
+from blockdraft.errors import BlockdraftError
+from test_batch import FeatureRecorder, make_target, prompt
+
+
+def decode(decoder: BatchDecoder, prompt_ids: list[int], drafter, max_new: int):
+    seq = decoder.add(prompt_ids, drafter, max_new_tokens=max_new)
+    while not seq.done:
+        decoder.step()
+    assert seq.error is None
+    return seq
+
+
+def prefilled_rows(decoder: BatchDecoder) -> list[int]:
+    """Records how many prompt tokens each prefill forward computes (alone or carried by a step)."""
+    rows = []
+    forward, carry = decoder.engine.forward, decoder.engine.forward_with_prompt
+
+    def counting_forward(first, tokens, *args, **kw):
+        if kw.get("last_logits_only"):
+            rows.append(len(tokens[0]))
+        return forward(first, tokens, *args, **kw)
+
+    def counting_carry(*args):
+        rows.append(len(args[-1]))
+        return carry(*args)
+
+    decoder.engine.forward, decoder.engine.forward_with_prompt = counting_forward, counting_carry
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["ar", "features"])
+def test_a_conversations_next_turn_prefills_only_what_is_new_and_keeps_its_output(kind):
+    target, reference = make_target(layers=(0, 1)), make_target(layers=(0, 1))
+    make = (lambda: NoDrafter()) if kind == "ar" else (lambda: FeatureRecorder((0, 1), seed=3))
+    decoder = BatchDecoder(target, max_batch=2, max_rows=None)
+    rows = prefilled_rows(decoder)
+    turn1 = prompt(14, 0)
+    first = decode(decoder, turn1, make(), 20)
+    assert first.result.stats.stop_reason == "length"
+    # turn 2 resends turn 1, its reply and a new message: all of it but the reply's last token (the last
+    # step's bonus, never written to the cache) and the new tokens comes from the cache
+    turn2 = turn1 + first.result.tokens + prompt(6, 1)
+    rows.clear()
+    second = decode(decoder, turn2, make(), 20)
+    reused = len(turn1) + len(first.result.tokens) - 1
+    assert decoder.prefix_cache.reused_tokens == reused and decoder.prefix_cache.hits == 1
+    assert sum(rows) == len(turn2) - 1 - reused  # only the reply's last token and the new message: 6 tokens
+    plain = SpeculativeDecoder(reference, NoDrafter()).generate(turn2, 20)
+    assert second.result.tokens == plain.tokens
+    if kind == "features":  # the drafter saw the features a fresh prefill gives (the cached ones, then its own)
+        fresh = decode(BatchDecoder(make_target(layers=(0, 1)), max_batch=2, max_rows=None, prefix_cache_mb=0),
+                       turn2, make(), 20)
+        assert len(second.drafter.seen) == len(fresh.drafter.seen)
+        assert second.drafter.seen[0].shape == (len(turn2) - 1, 2 * target.model.config.hidden_size)
+        for a, b in zip(second.drafter.seen, fresh.drafter.seen, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert second.result.stats.accepted_hist == fresh.result.stats.accepted_hist
+
+
+def test_a_prompt_sharing_part_of_a_cached_one_reuses_that_part_while_others_decode():
+    """Two sequences in the batch: the newcomer's cached part is loaded into its (waiting) slot, the rest is
+    carried by the running sequence's steps, and both outputs are their batch-1 outputs."""
+    target, reference = make_target(), make_target()
+    decoder = BatchDecoder(target, max_batch=2, max_rows=None, prefill_chunk=4)
+    base = prompt(20, 5)
+    decode(decoder, base, NoDrafter(), 8)
+    running = decoder.add(prompt(9, 6), NoDrafter(), max_new_tokens=30)
+    decoder.step()
+    branch = base[:12] + prompt(10, 7)  # shares 12 tokens with the cached sequence
+    newcomer = decoder.add(branch, NoDrafter(), max_new_tokens=15)
+    assert newcomer.prefilled == 12
+    while decoder.active:
+        decoder.step()
+    for seq, p, n in ((running, prompt(9, 6), 30), (newcomer, branch, 15)):
+        assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(p, n).tokens
+
+
+def test_prefix_cache_off_and_bad_budgets():
+    target = make_target()
+    assert BatchDecoder(target, max_batch=2, prefix_cache_mb=0).prefix_cache is None
+    with pytest.raises(BlockdraftError, match="prefix_cache_mb"):
+        BatchDecoder(target, max_batch=2, prefix_cache_mb=-1)
+
+
+def entry(tokens, layers=(), nbytes_per_token=16) -> CachedPrefix:
+    n = len(tokens)
+    kv = [torch.zeros(1, n, nbytes_per_token // 8)]  # float32: 4 bytes each, keys and values alike
+    feats = torch.zeros(n, 1) if layers else None
+    return CachedPrefix(np.asarray(tokens, dtype=np.int64), kv, [t.clone() for t in kv], layers, feats)
+
+
+def test_the_cache_matches_the_longest_prefix_and_evicts_the_least_recently_used():
+    assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5])) == 2
+    assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2
+    cache = PrefixCache(max_bytes=entry([0] * 10).nbytes * 2)
+    cache.store(entry([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]))
+    cache.store(entry([1, 2, 7, 7, 7, 7, 7, 7, 7, 7]))
+    hit, n = cache.lookup([1, 2, 3, 4, 9])
+    assert n == 4 and hit.tokens[3] == 4  # the longer match of the two
+    cache.store(entry([5, 5, 5, 5, 5, 5, 5, 5, 5, 5]))  # over budget: the least recently used goes
+    assert cache.lookup([1, 2, 7, 7])[1] == 2  # [1, 2, 7, ...] was evicted, [1, 2, 3, ...] (looked up) kept
+    assert cache.nbytes <= cache.max_bytes and len(cache.entries) == 2
+    assert cache.lookup([9, 9])[1] == 0
+
+
+def test_a_longer_sequence_replaces_its_prefix_and_features_must_match_the_drafters_layers():
+    cache = PrefixCache(max_bytes=10**6)
+    cache.store(entry([1, 2, 3], layers=(0, 1)))
+    cache.store(entry([1, 2, 3, 4, 5], layers=(0, 1)))  # extends the first: it replaces it
+    assert len(cache.entries) == 1
+    assert cache.lookup([1, 2, 3, 4, 5, 6], feature_layers=(0, 1))[1] == 5
+    assert cache.lookup([1, 2, 3, 4, 5, 6], feature_layers=(2,))[1] == 0  # other layers: no features to give
+    assert cache.lookup([1, 2, 3], feature_layers=())[1] == 3  # a drafter without features takes the KV alone
+    cache.store(entry([1, 2, 3, 4, 5, 6, 7]))  # no features: the featured entry stays for feature drafters
+    assert len(cache.entries) == 2
+    big = PrefixCache(max_bytes=8)
+    big.store(entry([1, 2, 3]))  # larger than the whole budget: not kept
+    assert not big.entries and big.nbytes == 0
+    with pytest.raises(ValueError, match="budget"):
+        PrefixCache(-1)
