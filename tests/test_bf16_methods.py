@@ -14,6 +14,7 @@ from blockdraft import SamplingParams, SpeculativeDecoder, Target, methods
 from blockdraft.bench import ties
 from blockdraft.drafters import HeadsDrafter
 from blockdraft.methods import METHODS, make_drafter
+from blockdraft.target import packing
 
 TOKENS = 32
 
@@ -141,6 +142,8 @@ def test_training_with_a_bf16_target(tiny, tmp_path):
         assert next(loaded.model.parameters()).dtype == dtype
 
 
+@pytest.mark.skipif(not packing._supported(torch.bfloat16),
+                    reason="this CPU has no oneDNN bf16 kernels (AVX2 only): nothing is prepacked, F.linear runs")
 @pytest.mark.parametrize("method", ["hybrid:sources=suffix+treeflash", "hybrid:sources=suffix+hydra", "treeflash",
                                     "bpd-ngram"])
 def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
@@ -166,3 +169,17 @@ def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
     assert linears and heads
     assert all(getattr(m, "_packed", None) is not None for m in linears)
     assert all(m.packed is not None for m in heads)
+
+
+def test_a_cpu_without_bf16_kernels_runs_bf16_unpacked_with_the_same_output(tiny, bf16, monkeypatch):
+    """On a CPU with AVX2 only, oneDNN's reorder raises ("bf16 path needs the cpu support avx_ne_convert or
+    avx512bw, ..."): the engine and the drafters then keep plain weights, and greedy output is the one the
+    packed path gives (or, on such a CPU, that nothing changes when packing is refused)."""
+    prompt = bf16.encode("abcab abcab abc", chat_template=False)
+    want = SpeculativeDecoder(bf16, make_drafter("treeflash", bf16)).generate(prompt, TOKENS).tokens
+    monkeypatch.setattr(packing, "_supported", lambda dtype: False)
+    unpacked = in_dtype(tiny, torch.bfloat16)
+    assert all(layer.qkv.packed is None for layer in unpacked.forwarder.layers)
+    drafter = make_drafter("treeflash", unpacked)
+    assert drafter.base.lm_head.packed is None
+    assert SpeculativeDecoder(unpacked, drafter).generate(prompt, TOKENS).tokens == want

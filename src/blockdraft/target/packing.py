@@ -15,11 +15,23 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN has native kernels for `dtype` on this CPU. Without them (a CPU with AVX2 only, say)
+    its reorder raises "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."; F.linear still
+    runs there, slowly, which is what `--dtype bfloat16` asked for."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's blocked copy of a [out, in] weight, or None where it does not apply (fp32, CUDA, no oneDNN)."""
+    """oneDNN's blocked copy of a [out, in] weight, or None where it does not apply (fp32, CUDA, no oneDNN,
+    no bf16/fp16 kernels on this CPU)."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return None
-    if not torch.backends.mkldnn.is_available():
+    if not _supported(weight.dtype):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
