@@ -5,6 +5,7 @@
                                     [--max-tokens 64] [--method lookup] [--api-key KEY]
     python benchmarks/serve_load.py --in-process [--threads 2] [--prefix-cache-mb 256,0] ...   # no server
     python benchmarks/serve_load.py --turns 2 ...   # conversations: turn 2 resends turn 1 and its reply
+    python benchmarks/serve_load.py --system-prompt benchmarks/prompts/system_prompt.txt ...   # one shared by all
 
 `--in-process` decodes the same requests with `BatchDecoder` in this process, each concurrency level as
 closed-loop clients (a finished request is replaced by the next before the next step): the ceiling the
@@ -12,7 +13,8 @@ server would reach if HTTP, the event loop and the client cost nothing.
 
 Requests are chat completions of Spec-Bench first turns (cycled), greedy; with `--turns 2`, each client holds a
 conversation of the 80 two-turn questions (cycled): turn 1, then turn 2 with turn 1 and its reply in the history,
-which is what the server's prefix cache is for. Per concurrency: answers (one per turn) and
+which is what the server's prefix cache is for, as is `--system-prompt FILE` (a system message, ~480 tokens for
+the shipped one, at the start of every request). Per concurrency: answers (one per turn) and
 errors, p50/p95 latency, total generated tokens/s, and the ratio to concurrency 1. Every request must get
 exactly one answer, each with its own id, and a prompt's greedy text must not change with the load (in
 bf16 a batched pass may flip a numeric tie: such differences are counted, not hidden). Exit code 1 when a
@@ -40,7 +42,8 @@ def run_level(url: str, conversations: list[list[str]], n: int, concurrency: int
         messages, latencies, replies = [], [], []
         for turn in conversations[i % len(conversations)]:
             messages.append({"role": "user", "content": turn})
-            body = {"model": args.model, "messages": list(messages), "max_tokens": args.max_tokens, "temperature": 0}
+            body = {"model": args.model, "messages": args.system + messages, "max_tokens": args.max_tokens,
+                    "temperature": 0}
             if args.method:
                 body["method"] = args.method
             t0 = time.perf_counter()
@@ -87,7 +90,7 @@ def run_level_in_process(target, drafter, conversations: list[list[str]], n: int
             turns = conversations[i % len(conversations)]
             messages = messages + [{"role": "user", "content": turns[len(messages) // 2]}]
             started[i] = time.perf_counter()
-            batch.add(target.encode_chat(messages), drafter, max_new_tokens=args.max_tokens, seed=0,
+            batch.add(target.encode_chat(args.system + messages), drafter, max_new_tokens=args.max_tokens, seed=0,
                       tag=(i, messages))
         for seq in batch.step():
             i, messages = seq.tag
@@ -124,7 +127,13 @@ def main() -> int:
                    "0 = off); several, comma-separated, run every concurrency with each, side by side")
     p.add_argument("--turns", type=int, choices=[1, 2], default=1,
                    help="1: first turns (default); 2: two-turn conversations, turn 2 after turn 1's reply")
+    p.add_argument("--system-prompt", default=None, metavar="FILE",
+                   help="a text file sent as the system message of every request (default: none)")
     args = p.parse_args()
+    args.system = []
+    if args.system_prompt:
+        with open(args.system_prompt, encoding="utf-8") as f:
+            args.system = [{"role": "system", "content": f.read().strip()}]
     questions = load_questions(None)
     conversations = ([q.turns[:1] for q in questions] if args.turns == 1 else
                      [q.turns[:2] for q in questions if len(q.turns) >= 2])
@@ -148,7 +157,8 @@ def main() -> int:
                   for c in args.concurrency.split(",")]
     base = levels[0]
     unit = "conversations" if args.turns > 1 else "requests"
-    print(f"{args.requests} {unit}, {args.max_tokens} tokens per reply")
+    shared = f", system prompt {args.system_prompt}" if args.system_prompt else ""
+    print(f"{args.requests} {unit}, {args.max_tokens} tokens per reply{shared}")
     print("| concurrency | answered | errors | p50 latency (s) | p95 latency (s) | tokens/s | vs first |")
     print("|---|---|---|---|---|---|---|")
     for lv in levels:

@@ -80,11 +80,44 @@ def test_a_prompt_sharing_part_of_a_cached_one_reuses_that_part_while_others_dec
     decoder.step()
     branch = base[:12] + prompt(10, 7)  # shares 12 tokens with the cached sequence
     newcomer = decoder.add(branch, NoDrafter(), max_new_tokens=15)
-    assert newcomer.prefilled == 12
+    reused = decoder.prefix_cache.reused_tokens
+    decoder.step()  # the cache is asked when the newcomer is next in line for a chunk
+    assert decoder.prefix_cache.reused_tokens - reused == 12 and newcomer.prefilled == 12 + 4
     while decoder.active:
         decoder.step()
     for seq, p, n in ((running, prompt(9, 6), 30), (newcomer, branch, 15)):
         assert seq.result.tokens == SpeculativeDecoder(reference, NoDrafter()).generate(p, n).tokens
+
+
+@pytest.mark.parametrize("kind", ["ar", "features"])
+def test_requests_arriving_together_with_a_shared_system_prompt_prefill_it_once(kind):
+    """Three prompts added at once, each a 24-token shared prefix and its own question: the first is prefilled
+    whole, its prompt is stored as soon as it is in the cache, and the next ones in line prefill only their own
+    part; every output (and every feature a drafter sees) is what a run without the cache gives."""
+    make = (lambda s: NoDrafter()) if kind == "ar" else (lambda s: FeatureRecorder((0, 1), seed=s))
+    shared = prompt(24, 9)
+    prompts = [shared + [3 + i] + prompt(5 + 3 * i, 20 + i) for i in range(3)]  # they differ right after the prefix
+
+    def run(cache_mb):
+        decoder = BatchDecoder(make_target(layers=(0, 1)), max_batch=3, max_rows=None, prefill_chunk=8,
+                               prefix_cache_mb=cache_mb)
+        rows = prefilled_rows(decoder)
+        seqs = [decoder.add(p, make(i), max_new_tokens=12) for i, p in enumerate(prompts)]
+        while decoder.active:
+            decoder.step()
+        return decoder, rows, seqs
+
+    decoder, rows, seqs = run(256)
+    assert sum(rows) == sum(len(p) - 1 for p in prompts) - 2 * len(shared)
+    assert decoder.prefix_cache.hits == 2 and decoder.prefix_cache.reused_tokens == 2 * len(shared)
+    _, plain_rows, plain = run(0)
+    assert sum(plain_rows) == sum(len(p) - 1 for p in prompts)
+    for a, b in zip(seqs, plain, strict=True):
+        assert a.result.tokens == b.result.tokens
+        if kind == "features":
+            assert len(a.drafter.seen) == len(b.drafter.seen)
+            for x, y in zip(a.drafter.seen, b.drafter.seen, strict=True):
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 
 
 def test_prefix_cache_off_and_bad_budgets():
@@ -124,6 +157,10 @@ def test_a_longer_sequence_replaces_its_prefix_and_features_must_match_the_draft
     assert cache.lookup([1, 2, 3, 4, 5, 6], feature_layers=(2,))[1] == 0  # other layers: no features to give
     assert cache.lookup([1, 2, 3], feature_layers=())[1] == 3  # a drafter without features takes the KV alone
     cache.store(entry([1, 2, 3, 4, 5, 6, 7]))  # no features: the featured entry stays for feature drafters
+    assert len(cache.entries) == 2
+    assert len(cache.entries) == 2
+    cache.store(entry([1, 2, 3, 4]))  # a prefix of a stored entry: not kept a second time
+    cache.store(entry([1, 2, 3], layers=(0, 1)))
     assert len(cache.entries) == 2
     big = PrefixCache(max_bytes=8)
     big.store(entry([1, 2, 3]))  # larger than the whole budget: not kept

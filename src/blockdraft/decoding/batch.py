@@ -70,6 +70,7 @@ class Sequence:
     new: list[int] = field(default_factory=list)
     features: torch.Tensor | None = None  # features of the tokens committed since the last propose()
     prefilled: int = 0  # prompt tokens in the KV cache while the sequence waits to decode
+    looked_up: bool = False  # whether the prefix cache was asked for its prompt (once, when it is next in line)
     prompt_features: list[torch.Tensor] = field(default_factory=list)  # their features, chunk by chunk
     feature_history: list[torch.Tensor] | None = None  # features of every committed position (for the prefix cache)
     verified: tuple | None = None  # the last step's tree and its logits (what token recycling reads)
@@ -96,9 +97,9 @@ class BatchDecoder:
     cache. Each step carries up to `prefill_chunk` prompt tokens of the first waiting sequence in its forward;
     a prompt is prefilled in a pass of its own only when nothing is decoding (it waits for no one then).
 
-    With `prefix_cache_mb` > 0, finished sequences leave their KV entries in a `PrefixCache` of that size, and a
-    new prompt that starts like one of them prefills only what differs (a conversation's next turn, a shared
-    system prompt).
+    With `prefix_cache_mb` > 0, finished sequences leave their KV entries in a `PrefixCache` of that size, and so
+    do prompts as soon as they are prefilled; a new prompt that starts like one of them prefills only what
+    differs (a conversation's next turn, a system prompt shared by requests that arrive together).
     """
 
     def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None, max_rows: int | None = 16,
@@ -153,9 +154,18 @@ class BatchDecoder:
         seq.started = time.perf_counter()
         seq.slot = len(self.decoding) + len(self.waiting)
         self.engine.reset(seq.slot)
-        if self.prefix_cache is not None:
-            self._reuse_prefix(seq)
         self.waiting.append(seq)
+        return seq
+
+    def _next_in_line(self) -> Sequence:
+        """The first waiting sequence, whose prompt the next forward prefills; the prefix cache is asked for its
+        prompt now rather than at `add`, so that it finds the prompts of the sequences that were ahead of it
+        in line (a burst of requests sharing a long system prompt prefills that prompt once)."""
+        seq = self.waiting[0]
+        if not seq.looked_up:
+            seq.looked_up = True
+            if self.prefix_cache is not None:
+                self._reuse_prefix(seq)
         return seq
 
     def _reuse_prefix(self, seq: Sequence) -> None:
@@ -172,7 +182,8 @@ class BatchDecoder:
                 seq.prompt_features.append(hit.features[:n])
 
     def _remember(self, seq: Sequence) -> None:
-        """Store a finished sequence's KV entries (and features) for the prompts that will start like it."""
+        """Store a sequence's KV entries (and features), its prompt's when it starts decoding, all of them
+        when it finishes, for the prompts that will start like it."""
         n = min(self.engine.lengths[seq.slot], len(seq.tokens))  # tokens cut at EOS have entries but no place
         keys, values = self.engine.save(seq.slot, n)
         history = seq.feature_history
@@ -202,7 +213,7 @@ class BatchDecoder:
         """Move the waiting sequences whose prompt is in the cache (in slot order) to decoding; with nothing
         decoding, the first one's prompt is prefilled now, in a pass of its own."""
         while self.waiting:
-            seq = self.waiting[0]
+            seq = self._next_in_line()
             if self._unprefilled(seq) and not self.decoding:
                 self._prefill_alone(seq)
             if self._unprefilled(seq):
@@ -213,6 +224,8 @@ class BatchDecoder:
                 seq.prompt_features = []
             if seq.feature_history is not None and seq.features is not None:
                 seq.feature_history.append(seq.features)
+            if self.prefix_cache is not None:
+                self._remember(seq)  # (a prompt the cache held whole is not stored twice: see PrefixCache.store)
             seq.drafter.reset(seq.prompt_ids)
             seq.stats.prefill_s = time.perf_counter() - seq.started  # waiting for its chunks included
 
@@ -270,7 +283,7 @@ class BatchDecoder:
         verify = ([t.tokens for t in trees], [t.depth for t in trees],
                 [None if t.is_chain() else t.ancestor_mask() for t in trees])
         if self.waiting:  # the first waiting prompt's next chunk rides on this step
-            newcomer = self.waiting[0]
+            newcomer = self._next_in_line()
             chunk = self._unprefilled(newcomer)[: self.prefill_chunk]
             prompt_layers = newcomer.drafter.feature_layers
             every = tuple(sorted(set(layers) | set(prompt_layers)))

@@ -1,10 +1,11 @@
-"""Prefix caching for the batch decoder: the KV entries of finished sequences, reused by prompts that start alike.
+"""Prefix caching for the batch decoder: KV entries of earlier prompts and replies, reused by prompts that start alike.
 
 A chat request resends the whole conversation: turn 2's prompt is turn 1's prompt, its reply and a new
-message, and every request starts with the same chat-template header. The batch decoder stores each finished
-sequence's KV entries (and, for drafters that read the target's hidden states, their features) here; a new
-prompt that shares a prefix with a stored sequence copies those entries into its slot and prefills only the
-rest, as vLLM's automatic prefix caching and SGLang's radix cache do. A copy of a few MB costs far less than the
+message, and every request starts with the same chat-template header (often a long system prompt). The batch
+decoder stores each prompt's KV entries as soon as they are prefilled, and each finished sequence's (with,
+for drafters that read the target's hidden states, their features) here; a new prompt that shares a prefix
+with a stored sequence copies those entries into its slot and prefills only the rest, as vLLM's automatic
+prefix caching and SGLang's radix cache do. A copy of a few MB costs far less than the
 forward it replaces: on a 2-core CPU a prompt prefills at ~600-2,400 tokens/s.
 
 The reused entries were computed by other forward passes (another batch, another chunking) of the same tokens
@@ -79,9 +80,15 @@ class PrefixCache:
 
     def store(self, entry: CachedPrefix) -> None:
         """Keep `entry`; stored entries it extends (their tokens are a prefix of its own, with the same
-        features) are dropped, and the least recently used go until the budget holds."""
+        features) are dropped, and the least recently used go until the budget holds. An entry that a stored
+        one already extends is not kept twice (the stored one counts as used)."""
         if entry.nbytes > self.max_bytes or len(entry.tokens) == 0:
             return
+        for key, old in self.entries.items():
+            if common_prefix(old.tokens, entry.tokens) == len(entry.tokens) and (
+                    old.feature_layers == entry.feature_layers or not entry.feature_layers):
+                self.entries.move_to_end(key)
+                return
         for key, old in list(self.entries.items()):
             covered = common_prefix(old.tokens, entry.tokens) == len(old.tokens)  # old is a prefix of the new one
             if covered and (old.feature_layers == entry.feature_layers or not old.feature_layers):
