@@ -168,7 +168,7 @@ def main() -> int:
         cache = lv.get("prefix_cache")
         if cache is not None:
             print(f"concurrency {lv['concurrency']}: prefix cache {cache.hits} hits of {cache.lookups} prompts, "
-                  f"{cache.reused_tokens} prompt tokens reused")
+                  f"{cache.reused_tokens} prompt tokens reused, {cache.nbytes / 2**20:.0f} MB held at the end")
         if "prefill_p50" in lv:  # from add() to the prompt in the cache: what a reply waits before its first step
             waits = ", ".join(f"turn {t} {s:.3f} s" for t, s in lv["prefill_p50"].items())
             print(f"concurrency {lv['concurrency']}: median wait for the prompt to be in the cache: {waits}")

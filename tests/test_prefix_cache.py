@@ -134,6 +134,65 @@ def entry(tokens, layers=(), nbytes_per_token=16) -> CachedPrefix:
     return CachedPrefix(np.asarray(tokens, dtype=np.int64), kv, [t.clone() for t in kv], layers, feats)
 
 
+def sequence_entry(tokens, layers=()) -> CachedPrefix:
+    """An entry whose keys, values and features at position i encode (token, i), so a gather that mixes up
+    sequences or positions shows."""
+    t = torch.tensor(tokens, dtype=torch.float32)
+    code = t * 1000 + torch.arange(len(tokens))
+    kv = [torch.stack([code, -code])[:, :, None].repeat(1, 1, 4) + layer for layer in range(2)]  # [2, n, 4]
+    feats = torch.stack([code, code + 0.5], 1) if layers else None
+    return CachedPrefix(np.asarray(tokens, dtype=np.int64), kv, [k * 2 for k in kv], layers, feats)
+
+
+def test_sequences_sharing_a_long_prefix_hold_it_once_and_read_it_through_their_parent():
+    rng = np.random.default_rng(0)
+    header = rng.integers(3, 500, 80).tolist()
+    a = header + rng.integers(3, 500, 40).tolist()
+    b = a[:100] + [1] + rng.integers(3, 500, 30).tolist()  # shares 100 with a (past a's start: a's own part)
+    c = b[:90] + [2] + rng.integers(3, 500, 20).tolist()  # shares 90 with b, at a's positions: a's child
+    d = header[:70] + [2] + rng.integers(3, 500, 9).tolist()  # shares 70 with all three
+    e = b[:110] + [3] + rng.integers(3, 500, 10).tolist()  # shares 110 with b, 10 of them b's own: b's child
+    cache = PrefixCache(max_bytes=10**7)
+    for tokens in (a, b, c, d, e):
+        cache.store(sequence_entry(tokens, layers=(0,)))
+    held = {len(e.tokens): (e.start, e.parent and len(e.parent.tokens)) for e in cache.entries.values()}
+    assert held == {len(a): (0, None), len(b): (100, len(a)), len(c): (90, len(a)), len(d): (70, len(a)),
+                    len(e): (110, len(b))}
+    assert cache.nbytes == sum(sequence_entry(t, (0,)).nbytes * (len(t) - held[len(t)][0]) // len(t)
+                               for t in (a, b, c, d, e))
+    for tokens in (a, b, c, d, e):
+        hit, n = cache.lookup(tokens + [7], feature_layers=(0,))
+        assert n == len(tokens)
+        keys, values, feats = hit.prefix(n, with_features=True)
+        want = sequence_entry(tokens, layers=(0,))
+        for got, exp in zip(keys + values + [feats], want.keys + want.values + [want.features], strict=True):
+            assert torch.equal(got, exp)
+    hit, n = cache.lookup(c[:95] + [9])  # a partial match inside c's own part
+    assert n == 95 and torch.equal(hit.prefix(n)[0][1], sequence_entry(c).keys[1][:, :95])
+    # a parent stays while a child needs it: over budget, only entries without children go
+    # (recency, least first: d, b, e, a, c; a is the parent of b, c, d, and b of e)
+    cache.max_bytes = cache.nbytes - 1
+    cache.store(sequence_entry([5] * 3))  # the least recent goes
+    assert sorted(len(x.tokens) for x in cache.entries.values()) == sorted([len(a), len(b), len(c), len(e), 3])
+    cache.max_bytes = sequence_entry(a).nbytes - 1  # a must go too, after its children
+    cache.store(sequence_entry([6] * 3))
+    assert [len(x.tokens) for x in cache.entries.values()] == [3, 3]
+    assert cache.nbytes == sum(x.nbytes for x in cache.entries.values())
+
+
+def test_a_stored_prefix_that_another_entry_reads_through_is_kept():
+    x = list(range(3, 83))
+    y = x + list(range(100, 120))  # extends x: x's child, holding positions 80..99
+    z = y[:90] + [7] * 5  # extends x too, but shares more with y: y's child
+    cache = PrefixCache(max_bytes=10**7)
+    for tokens in (x, y, z):
+        cache.store(sequence_entry(tokens))
+    assert sorted(len(e.tokens) for e in cache.entries.values()) == [80, 95, 100]  # x stays: y and z read it
+    assert all(e.parent is None or id(e.parent) in cache.entries for e in cache.entries.values())
+    hit, n = cache.lookup(z)
+    assert torch.equal(hit.prefix(n)[1][0], sequence_entry(z).values[0])
+
+
 def test_the_cache_matches_the_longest_prefix_and_evicts_the_least_recently_used():
     assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5])) == 2
     assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2

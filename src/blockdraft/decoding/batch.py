@@ -176,10 +176,11 @@ class BatchDecoder:
             seq.feature_history = []
         hit, n = self.prefix_cache.lookup(seq.prompt_ids[:-1], layers)
         if n:
-            self.engine.load(seq.slot, hit.keys, hit.values, n)
+            keys, values, features = hit.prefix(n, with_features=bool(layers))
+            self.engine.load(seq.slot, keys, values, n)
             seq.prefilled = n
             if layers:
-                seq.prompt_features.append(hit.features[:n])
+                seq.prompt_features.append(features)
 
     def _remember(self, seq: Sequence) -> None:
         """Store a sequence's KV entries (and features), its prompt's when it starts decoding, all of them
