@@ -31,7 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-MIN_SHARED = 64  # tokens a stored sequence must share with another before it keeps only its own tail
+# Tokens a stored sequence must share with another before it keeps only its own tail. Below it, sharing saves
+# little and would tie entries together by the chat template's ~30-token header alone: every entry would read
+# through one old conversation, which could then never be evicted while any other is held.
+MIN_SHARED = 64
 
 
 @dataclass(eq=False)  # an entry is itself (it is found by identity among its parent's children)
