@@ -186,7 +186,7 @@ class BatchDecoder:
         """Store a sequence's KV entries (and features), its prompt's when it starts decoding, all of them
         when it finishes, for the prompts that will start like it."""
         n = min(self.engine.lengths[seq.slot], len(seq.tokens))  # tokens cut at EOS have entries but no place
-        keys, values = self.engine.save(seq.slot, n)
+        keys, values = self.engine.entries(seq.slot, n)  # views: the cache copies only what it does not hold yet
         history = seq.feature_history
         features = torch.cat(history)[:n] if history else None
         if features is not None and len(features) != n:  # (cannot happen: one feature row per committed entry)

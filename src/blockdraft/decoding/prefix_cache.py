@@ -126,9 +126,10 @@ class PrefixCache:
         return best, length
 
     def store(self, entry: CachedPrefix) -> None:
-        """Keep `entry` (holding all its positions). It is not kept when a stored entry already extends it
-        (that one counts as used); when it shares at least MIN_SHARED tokens with a stored entry of the same
-        feature layers, it keeps only its positions after the shared part, the rest read through its parent.
+        """Keep a copy of `entry` (holding all its positions; its tensors may be views of buffers that will be
+        overwritten). It is not kept when a stored entry already extends it (that one counts as used); when it
+        shares at least MIN_SHARED tokens with a stored entry of the same feature layers, it keeps only its
+        positions after the shared part, the rest read through its parent.
         Stored entries without children that it extends are dropped; then the least recently used entries
         without children go until the budget holds."""
         if len(entry.tokens) == 0:
@@ -142,9 +143,11 @@ class PrefixCache:
         if parent is not None and m >= MIN_SHARED:
             while parent.parent is not None and parent.start >= m:  # the oldest entry that holds all m
                 parent = parent.parent
-            entry = CachedPrefix(entry.tokens, [k[:, m:].clone() for k in entry.keys],
-                                 [v[:, m:].clone() for v in entry.values], entry.feature_layers,
-                                 entry.features[m:].clone() if entry.features is not None else None, parent)
+        else:
+            parent, m = None, 0
+        entry = CachedPrefix(entry.tokens, [k[:, m:].clone() for k in entry.keys],
+                             [v[:, m:].clone() for v in entry.values], entry.feature_layers,
+                             entry.features[m:].clone() if entry.features is not None else None, parent)
         if entry.nbytes > self.max_bytes:
             return
         for old in list(self.entries.values()):

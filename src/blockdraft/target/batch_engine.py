@@ -177,14 +177,14 @@ class BatchEngine:
                 v[slot, :, start : start + m] = v[slot].index_select(1, src)
         self.lengths[slot] = start + m
 
-    @torch.inference_mode()
-    def save(self, slot: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Copies of slot's first n keys and values, per layer [kv_heads, n, head_dim] (for a prefix cache)."""
-        return [k[slot, :, :n].clone() for k in self.keys], [v[slot, :, :n].clone() for v in self.values]
+    def entries(self, slot: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Slot's first n keys and values, per layer [kv_heads, n, head_dim]: views of the buffers, valid until
+        the slot is written again (the prefix cache copies the part it keeps)."""
+        return [k[slot, :, :n] for k in self.keys], [v[slot, :, :n] for v in self.values]
 
     @torch.inference_mode()
     def load(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int) -> None:
-        """Make the first n entries of `keys`/`values` (as `save` returns them) slot's committed prefix."""
+        """Make the first n entries of `keys`/`values` (per layer [kv_heads, >= n, head_dim]) the slot's prefix."""
         self._reserve(n + 1)
         for dst, src in zip(self.keys + self.values, keys + values, strict=True):
             dst[slot, :, :n] = src[:, :n]
