@@ -37,7 +37,7 @@ import torch
 MIN_SHARED = 64
 
 
-@dataclass(eq=False)  # an entry is itself (it is found by identity among its parent's children)
+@dataclass(eq=False)  # an entry is itself: the cache keys it by id and tells parents apart by identity
 class CachedPrefix:
     """One stored sequence: its tokens and, per layer, the keys and values at the positions it holds, `start`
     .. n-1 (0 .. n-1 as the batch decoder hands it over; positions 0 .. start-1 are its parent's)."""
