@@ -142,16 +142,10 @@ def test_training_with_a_bf16_target(tiny, tmp_path):
         assert next(loaded.model.parameters()).dtype == dtype
 
 
-@pytest.mark.skipif(not packing._supported(torch.bfloat16),
-                    reason="this CPU has no oneDNN bf16 kernels (AVX2 only): nothing is prepacked, F.linear runs")
-@pytest.mark.parametrize("method", ["hybrid:sources=suffix+treeflash", "hybrid:sources=suffix+hydra", "treeflash",
-                                    "bpd-ngram"])
-def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
-    """The packed path skips aten's per-call weight re-layout: a drafter kept in a container (the hybrid's
-    learned source is in a tuple) ran every matmul unpacked, ~1 ms a step slower on the default target."""
-    drafter = make_drafter(method, bf16)
+def drafter_modules(drafter) -> list[torch.nn.Module]:
+    """Every torch module reachable from a drafter through attributes, lists, tuples and dicts."""
     modules, seen, todo = [], set(), [drafter]
-    while todo:  # every module reachable through attributes, lists, tuples and dicts
+    while todo:
         obj = todo.pop()
         if id(obj) in seen:
             continue
@@ -164,6 +158,17 @@ def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
             todo.extend(obj.values())
         elif type(obj).__module__.startswith("blockdraft"):
             todo.extend(vars(obj).values())
+    return modules
+
+
+@pytest.mark.skipif(not packing._supported(torch.bfloat16),
+                    reason="this CPU has no oneDNN bf16 kernels (AVX2 only): nothing is prepacked, F.linear runs")
+@pytest.mark.parametrize("method", ["hybrid:sources=suffix+treeflash", "hybrid:sources=suffix+hydra", "treeflash",
+                                    "bpd-ngram"])
+def test_every_linear_of_a_bf16_drafter_is_prepacked(bf16, method):
+    """The packed path skips aten's per-call weight re-layout: a drafter kept in a container (the hybrid's
+    learned source is in a tuple) ran every matmul unpacked, ~1 ms a step slower on the default target."""
+    modules = drafter_modules(make_drafter(method, bf16))
     linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
     heads = [m for m in modules if hasattr(m, "prepack")]
     assert linears and heads

@@ -223,10 +223,14 @@ def make_drafter(method: str, target: Target, **options) -> Drafter:
     name, spec_options = parse_method(method)
     if name not in METHODS:
         raise BlockdraftError(f"unknown method '{name}': choose one of {', '.join(METHODS)}")
+    options = {**spec_options, **options}
+    int8 = options.pop("int8", "auto")
+    if int8 not in (True, False, "auto"):
+        raise BlockdraftError(f"int8 must be true, false or auto, got '{int8}'")
     try:
-        drafter = METHODS[name][0](target, **{**spec_options, **options})
+        drafter = METHODS[name][0](target, **options)
     except TypeError as e:
         raise BlockdraftError(f"bad option for method '{name}': {e}") from None
     drafter.name = method
-    prepack_linears(drafter)  # decoding only: training builds its modules elsewhere
+    prepack_linears(drafter, int8)  # decoding only: training builds its modules elsewhere
     return drafter

@@ -56,15 +56,17 @@ class FrozenLMHead(nn.Module):
         self.register_buffer("vocab", None if vocab is None else vocab.long().to(weight.device), persistent=False)
         w = weight.detach() if vocab is None else weight.detach()[vocab.long()]
         self.register_buffer("weight", w.clone(), persistent=False)
-        self.packed = None
+        self.packed = self.int8 = None
 
-    def prepack(self) -> None:
-        """Pack the weight for oneDNN inference (see target/packing.py); called for decoding only."""
+    def prepack(self, int8: bool | str = False) -> None:
+        """Pack the weight for oneDNN inference, with an int8 copy for few-row calls as `int8` says (see
+        target/packing.py); called for decoding only."""
         self.packed = packing.pack(self.weight)
+        self.int8 = packing.quantize(self.weight) if packing.wants_int8(self.weight, int8) else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and h.dtype == self.weight.dtype:
-            return packing.linear(h, self.weight, None, self.packed)
+        if (self.packed is not None or self.int8 is not None) and h.dtype == self.weight.dtype:
+            return packing.linear(h, self.weight, None, self.packed, self.int8)
         return h @ self.weight.to(h.dtype).T
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:

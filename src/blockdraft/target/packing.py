@@ -4,6 +4,15 @@ A one-token step on this CPU is bound by per-call cost: aten's bf16 matmul re-la
 every call. oneDNN's prepacked layout (what inductor's freezing does) keeps the kernel and the result
 (checked bitwise in tests/test_engine.py) and drops that cost. Inference only: a packed copy does not
 follow later updates of the weight, so packed paths run only under torch.inference_mode().
+
+A drafter may also keep an int8 copy of a weight (per output channel, symmetric) for calls of a few rows,
+read by aten's int8 weight-only kernel with bf16 activations. Such a call reads every weight byte to use it
+a few times, and after a target pass the drafter's weights come from memory, not cache: on a CPU without
+bf16 hardware (AVX2 only) a float32 4 x 576 x 8192 matmul took 3.1 ms cold and the int8 one 0.8 ms; from
+~32 rows the int8 kernel is compute-bound and slower (`benchmarks/2026-12-03-int8-drafting/`). With bf16
+weights on an AMX CPU it gained nothing in the loop (BENCHMARKS.md, 2026-12-02), so `int8="auto"` quantizes
+float32 weights only. Drafts may change slightly; what the target accepts never depends on them, so decoding
+stays lossless. Never used for the target.
 """
 
 from __future__ import annotations
@@ -36,22 +45,55 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None):
-    """F.linear(x, weight, bias), through the packed weight when there is one and it may be used."""
+# the int8 kernel serves calls up to this many rows: measured faster than float32 up to 16 rows on AVX2 and
+# than packed bf16 up to 4 on AMX (the module docstring's sources)
+INT8_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 4}
+INT8_AUTO_MIN_ELEMENTS = 1 << 18  # int8="auto" skips smaller weights: they stay in cache, there is no traffic to save
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 [out, in], bf16 scales [out]): a per-output-channel symmetric copy of a float32 or bf16 CPU weight
+    for aten's int8 weight-only kernel, or None where that kernel does not apply."""
+    if (weight.device.type != "cpu" or weight.dtype not in INT8_MAX_ROWS
+            or not hasattr(torch.ops.aten, "_weight_int8pack_mm")):
+        return None
+    w = weight.detach().float()
+    scales = (w.abs().amax(1).clamp(min=1e-12) / 127).bfloat16()  # rounded first: the kernel reads these
+    return torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scales
+
+
+def wants_int8(weight: torch.Tensor, int8: bool | str) -> bool:
+    """Whether a drafter weight gets an int8 copy: always with int8=True, never with False; "auto" for float32
+    weights large enough that reading them costs (see the module docstring)."""
+    if int8 == "auto":
+        return weight.dtype == torch.float32 and weight.numel() >= INT8_AUTO_MIN_ELEMENTS
+    return bool(int8)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
+           int8: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """F.linear(x, weight, bias), through the int8 copy for a few rows, else the packed weight, when there is
+    one and it may be used."""
     # under torch.compile the graph takes the plain weight (inductor's freezing packs it itself)
-    if (packed is not None and x.dtype == weight.dtype and torch.is_inference_mode_enabled()
-            and not torch.compiler.is_compiling()):
+    if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled() or x.dtype != weight.dtype:
+        return F.linear(x, weight, bias)
+    if int8 is not None and x.numel() <= INT8_MAX_ROWS[x.dtype] * x.shape[-1]:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        y = torch.ops.aten._weight_int8pack_mm(rows, *int8).to(x.dtype).reshape(*x.shape[:-1], -1)
+        return y if bias is None else y + bias
+    if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias, self._packed)
+    return linear(x, self.weight, self.bias, self._packed, self._int8)
 
 
-def prepack_linears(obj, _seen=None) -> None:
+def prepack_linears(obj, int8: bool | str = False, _seen=None) -> None:
     """Give every nn.Linear reachable from `obj` (a drafter, its base drafter, rescorer, modules) a packed
-    inference forward; modules with a `prepack()` method (the frozen LM head) pack themselves."""
+    inference forward, with an int8 copy for few-row calls where `wants_int8(weight, int8)`; modules with a
+    `prepack(int8)` method (the frozen LM head) pack themselves."""
     seen = set() if _seen is None else _seen
     if id(obj) in seen:
         return
@@ -60,10 +102,11 @@ def prepack_linears(obj, _seen=None) -> None:
         for m in obj.modules():
             if isinstance(m, nn.Linear) and not hasattr(m, "_packed"):
                 m._packed = pack(m.weight)
-                if m._packed is not None:
+                m._int8 = quantize(m.weight) if wants_int8(m.weight, int8) else None
+                if m._packed is not None or m._int8 is not None:
                     m.forward = types.MethodType(_packed_forward, m)
             elif hasattr(m, "prepack"):
-                m.prepack()
+                m.prepack(int8)
         return
     for value in getattr(obj, "__dict__", {}).values():
         # containers too: the hybrid keeps its learned drafter in a tuple and its sources in a dict
@@ -71,4 +114,4 @@ def prepack_linears(obj, _seen=None) -> None:
         for item in items:
             ours = hasattr(item, "__dict__") and type(item).__module__.startswith("blockdraft")
             if isinstance(item, nn.Module) or ours:
-                prepack_linears(item, seen)
+                prepack_linears(item, int8, seen)
