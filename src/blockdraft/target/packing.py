@@ -1,4 +1,4 @@
-"""Weights prepacked for oneDNN (CPU, bf16/fp16): the same result as F.linear without re-laying out W per call.
+"""Weights made ready for CPU inference: prepacked for oneDNN (bf16/fp16), and int8 copies for drafters' few-row calls.
 
 A one-token step on this CPU is bound by per-call cost: aten's bf16 matmul re-lays the weight out on
 every call. oneDNN's prepacked layout (what inductor's freezing does) keeps the kernel and the result
