@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from blockdraft.target import packing
+
 torch.set_num_threads(2)
 flush = torch.empty(150_000_000, dtype=torch.float32)
 
@@ -27,11 +29,10 @@ print("| in x out | rows | cache | float32 (ms) | int8 (ms) | int8 / float32 |")
 print("|---|---|---|---|---|---|")
 for k, n in [(576, 8192), (576, 1536), (1536, 576)]:
     w = torch.randn(n, k)
-    scales = (w.abs().amax(1) / 127).bfloat16()
-    q = (w / scales.float()[:, None]).round().to(torch.int8)
+    q, scales = packing.quantize(w)
     for m in [1, 4, 8, 16, 32, 64, 128]:
         x = torch.randn(m, k)
         for cold in (True, False):
-            a = median_ms(lambda: x @ w.T, cold)
-            b = median_ms(lambda: torch._weight_int8pack_mm(x.bfloat16(), q, scales).float(), cold)
+            a = median_ms(lambda x=x, w=w: x @ w.T, cold)
+            b = median_ms(lambda x=x, q=q, s=scales: torch._weight_int8pack_mm(x.bfloat16(), q, s).float(), cold)
             print(f"| {k} x {n} | {m} | {'cold' if cold else 'warm'} | {a:.3f} | {b:.3f} | {b / a:.2f} |")

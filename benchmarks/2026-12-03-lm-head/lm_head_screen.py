@@ -19,6 +19,7 @@ import torch
 
 import blockdraft
 from blockdraft.api import load_target
+from blockdraft.target import packing
 
 torch.set_num_threads(2)
 
@@ -66,8 +67,7 @@ def main() -> None:
         rows.append(h[-64:])
     H = torch.cat(rows)
 
-    scales = (W.abs().amax(1) / 127).bfloat16()
-    q = torch.round(W / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    q, scales = packing.quantize(W)  # the drafters' int8 copy, per row
     dequant_err = (W - q.float() * scales.float()[:, None]).abs().amax(1)  # [V]
     row_max = W.abs().amax(1)
 
