@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .drafters import BlockDrafter, Drafter, HeadsDrafter, NoDrafter, PromptLookupDrafter, SuffixDrafter
 from .drafters.hybrid import BUDGET as HYBRID_BUDGET
+from .drafters.quantized import QuantizedDrafter
 from .drafters.recycle import RecycleDrafter
 from .errors import BlockdraftError
 from .target import Target
@@ -70,7 +71,8 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
     return RestDrafter(store, **options)
 
 
-LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree")  # best-first trees with scores
+# best-first trees with scores, and the quantized copy's chain
+LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree", "quantized")
 
 
 def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = HYBRID_BUDGET, skip: float = 4.0,
@@ -100,7 +102,8 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = H
         elif name == "recycle":
             retrieval[name] = RecycleDrafter(target.vocab_size)
         elif name in LEARNED_SOURCES and learned is None:
-            learned = (name, METHODS[name][0](target, budget=learned_budget, **learned_options))
+            sized = {} if name == "quantized" else {"budget": learned_budget}  # a chain: its length is its own
+            learned = (name, METHODS[name][0](target, **sized, **learned_options))
         else:
             raise BlockdraftError(f"hybrid: unknown or repeated source '{name}': use suffix, rest, recycle and "
                                   f"one of {', '.join(LEARNED_SOURCES)}")
@@ -161,6 +164,8 @@ METHODS: dict[str, tuple[Callable[..., Drafter], str]] = {
                "SuffixDecoding: frequency-ranked suffix matches in the request and in earlier outputs (training-free)"),
     "recycle": (lambda target, **kw: RecycleDrafter(target.vocab_size, **kw),
                 "token recycling: best-first trees over the target's own top-k from earlier passes (training-free)"),
+    "quantized": (QuantizedDrafter, "self-speculation: a float16/int8 copy of the target drafts a chain on its cache "
+                                    "(training-free)"),
     "rest": (rest_method, "REST: longest-suffix retrieval from a ShareGPT datastore, merged into a trie"),
     "hybrid": (hybrid_method, "one tree from several sources (suffix, rest, treeflash/hydra), ranked by "
                               "online-calibrated acceptance, sized by the cost curve"),

@@ -140,6 +140,9 @@ class BatchDecoder:
             raise BlockdraftError(f"the batch is full ({self.max_batch} sequences)")
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise BlockdraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+        if drafter.single_sequence:
+            raise BlockdraftError(f"method '{drafter.name}' drafts through the target's single-sequence cache and "
+                                  f"cannot run in the batch decoder (the server): choose another method")
         target = self.target
         prompt_ids = [int(t) for t in prompt_ids]
         target.check_prompt(prompt_ids)

@@ -36,6 +36,8 @@ class Drafter:
 
     name = "base"
     feature_layers: tuple[int, ...] = ()
+    # drafts through the target's single-sequence engine (drafters/quantized.py): the batch decoder cannot run it
+    single_sequence = False
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Called once per generation, after the target's prefill of prompt_ids[:-1]."""

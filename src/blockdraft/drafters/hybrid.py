@@ -163,6 +163,7 @@ class HybridDrafter(Drafter):
         self.calibrator = AcceptanceCalibrator()
         self.gate = LearnedGate() if gate and learned else None
         self.feature_layers = learned[1].feature_layers if learned else ()
+        self.single_sequence = bool(learned and learned[1].single_sequence)
         self.learned_runs = self.steps = 0  # how often the learned drafter ran (for the report)
         self._last = None
         self._ran = None  # this step's retrieval expectation when the learned drafter ran (for the gate)

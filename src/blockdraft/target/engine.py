@@ -57,7 +57,8 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 class _Linear(nn.Module):
     """y = x W^T + b for one or several projections of the same input concatenated (q|k|v, gate|up),
-    prepacked for oneDNN where that applies (target/packing.py)."""
+    prepacked for oneDNN where that applies (target/packing.py), or lowered to float16 or int8 in a
+    drafting copy of the decoder (`lower`)."""
 
     def __init__(self, linears):
         super().__init__()
@@ -66,8 +67,29 @@ class _Linear(nn.Module):
         has_bias = any(m.bias is not None for m in linears)
         self.bias = nn.Parameter(torch.cat(biases).detach(), requires_grad=False) if has_bias else None
         self.packed = packing.pack(self.weight)
+        self.register_buffer("low", None)
+        self.register_buffer("scales", None)
+
+    def lower(self, weights: str) -> None:
+        """Keep only a float16 or int8 (per output channel) copy of the weight, for one-row calls that read
+        half or a quarter of the bytes. Buffers, not plain attributes: torch.compile then folds them in as
+        constants (as plain tensors they became graph inputs, and inductor's C++ failed on their sizes)."""
+        low = self.weight.detach().half() if weights == "float16" else packing.quantize(self.weight)
+        if low is None:
+            raise ValueError(f"no int8 kernel for {self.weight.dtype} weights on {self.weight.device}")
+        del self.weight
+        self.weight = self.packed = None
+        self.low, self.scales = (low, None) if weights == "float16" else low
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.low is not None:
+            if self.scales is None:
+                y = F.linear(x.half(), self.low).to(x.dtype)
+            else:
+                rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+                y = torch.ops.aten._weight_int8pack_mm(rows, self.low, self.scales).to(x.dtype)
+                y = y.reshape(*x.shape[:-1], -1)
+            return y if self.bias is None else y + self.bias
         if torch.compiler.is_compiling():  # inductor's freezing prepacks the (constant) weight itself
             return F.linear(x, self.weight, self.bias)
         return packing.linear(x, self.weight, self.bias, self.packed)
@@ -358,6 +380,22 @@ class StaticEngine:
             hidden = in_order(ascending, hidden_layers)
         self.length = end
         return logits[0], [h[0] for h in hidden]
+
+    @torch.inference_mode()
+    def draft_step(self, step, token: int, offset: int) -> torch.Tensor:
+        """Logits [V] of `step` (a lowered copy of this engine's decoder in a _Step, eager or compiled: see
+        drafters/quantized.py) for `token` at position length + offset. It attends to the committed prefix
+        (this engine's own keys and values) and to the `offset` tokens that earlier calls wrote after it; its
+        keys and values go to slot length + offset, past the committed prefix, where the next `forward`
+        overwrites them. `length` does not move."""
+        pos = self.length + offset
+        self._reserve(pos + 2)  # one slot to spare, as in `forward`
+        device = self.embed.device
+        position = torch.tensor([pos], device=device)
+        logits, _ = step(torch.tensor([[token]], device=device), self.cos[position][None, None],
+                         self.sin[position][None, None], None, self.keys, self.values,
+                         torch.zeros(1, dtype=torch.long, device=device), position, pos + 1)
+        return logits[0, -1]
 
     @torch.inference_mode()
     def commit(self, start: int, path: list[int]) -> None:
