@@ -277,6 +277,21 @@ def test_api_key(target):
         assert c.get("/").status_code == 200
 
 
+def test_a_launch_method_that_drafts_on_the_targets_cache_is_served_one_request_at_a_time(target, reference):
+    """`quantized` drafts through the single-sequence cache, which the batch decoder does not have: the server
+    launched with it decodes requests one at a time instead of refusing each, and its output is still greedy's."""
+    ids = reference.encode(PROMPT, chat_template=False)
+    want = greedy(reference, ids, 40)
+    with TestClient(create_app(target, "quantized", max_batch=8)) as c:
+        for method in (None, "lookup"):
+            extra = {} if method is None else {"method": method}
+            r = c.post("/v1/completions", json={"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 40, **extra})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == want.text
+            assert r.json()["blockdraft"]["method"] == (method or "quantized")
+        assert c.app.state.scheduler._prepared and c.app.state.scheduler.batch is None  # not the batch decoder
+
+
 def test_unknown_launch_method_fails_at_startup(target):
     from blockdraft.serve.schemas import APIError
 

@@ -142,7 +142,8 @@ class BatchDecoder:
             raise BlockdraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
         if drafter.single_sequence:
             raise BlockdraftError(f"method '{drafter.name}' drafts through the target's single-sequence cache and "
-                                  f"cannot run in the batch decoder (the server): choose another method")
+                                  f"cannot run in the batch decoder: choose another method (a server launched with "
+                                  f"this method, or with --max-batch 1, decodes one request at a time)")
         target = self.target
         prompt_ids = [int(t) for t in prompt_ids]
         target.check_prompt(prompt_ids)

@@ -143,16 +143,21 @@ class Scheduler:
         if self._prepared:
             return
         self._prepared = True
-        if self.max_batch > 1:
+        try:
+            launch_drafter = self.drafter(self.default_method)
+        except BlockdraftError as e:  # answered per request, as for any method
+            launch_drafter = None
+            log.warning("the launch method's drafter cannot be built: %s", e)
+        if launch_drafter is not None and launch_drafter.single_sequence and self.max_batch > 1:
+            # what the server was launched to run is served, one request at a time, rather than refused
+            log.warning("one request at a time: method '%s' drafts through the target's single-sequence cache",
+                        self.default_method)
+        elif self.max_batch > 1:
             try:
                 self.batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES,
                                           prefix_cache_mb=self.prefix_cache_mb)
             except BlockdraftError as e:
                 log.warning("one request at a time: %s", e)
-        try:
-            self.drafter(self.default_method)
-        except BlockdraftError as e:  # answered per request, as for any method
-            log.warning("the launch method's drafter cannot be built: %s", e)
 
     def run(self, on_ready=None) -> None:
         """Serve the queue in the calling thread until stop(); `on_ready()` is called once prepared."""
