@@ -65,6 +65,21 @@ def test_shipped_drafters_are_lossless_and_accept_drafts(real_target, ar_replies
     assert calls < new_tokens / TAU_FLOOR[method], f"tau {new_tokens / calls:.2f}"
 
 
+def test_the_float16_copy_of_the_real_target_drafts_chains_it_accepts(real_target, ar_replies):
+    """`quantized` on SmolLM2: token for token the plain reply, and nearly whole 6-token chains accepted (tau 6.7 on
+    the Spec-Bench quick subset, 2026-12-04); a copy whose steps read the wrong cache slots would accept ~none."""
+    from blockdraft.methods import make_drafter
+
+    drafter = make_drafter("quantized", real_target)
+    new_tokens = calls = 0
+    for prompt in PROMPTS[1:]:
+        spec = SpeculativeDecoder(real_target, drafter).generate(real_target.encode(prompt), 48)
+        assert spec.tokens == ar_replies[prompt]
+        new_tokens += spec.stats.new_tokens
+        calls += spec.stats.target_calls
+    assert calls < new_tokens / 4, f"tau {new_tokens / calls:.2f}"
+
+
 def test_refinement_beats_plain_bpd_on_a_reply(real_target):
     """The shipped rescoring LMs help the shipped heads (replayed exactly on one greedy reply)."""
     from blockdraft.bench.analyze import analyze_prompt
