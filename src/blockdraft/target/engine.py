@@ -83,12 +83,9 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.low is not None:
-            if self.scales is None:
-                y = F.linear(x.half(), self.low).to(x.dtype)
-            else:
-                rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-                y = torch.ops.aten._weight_int8pack_mm(rows, self.low, self.scales).to(x.dtype)
-                y = y.reshape(*x.shape[:-1], -1)
+            if self.scales is not None:
+                return packing.int8_linear(x, (self.low, self.scales), self.bias)
+            y = F.linear(x.half(), self.low).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if torch.compiler.is_compiling():  # inductor's freezing prepacks the (constant) weight itself
             return F.linear(x, self.weight, self.bias)
@@ -333,7 +330,9 @@ class StaticEngine:
         cap = -(-needed // CHUNK) * CHUNK
         dtype, device = self.embed.dtype, self.embed.device
         shape = (1, self.kv_heads, cap, self.head_dim)
-        old_keys, old_values, n = self.keys, self.values, self.length
+        # the whole old buffer, not only the committed prefix: a drafting copy's keys and values for its
+        # earlier drafts sit past it (draft_step), and its next step may be the one that grows the buffer
+        old_keys, old_values, n = self.keys, self.values, self.capacity
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         # (on the first call there is nothing to copy: the old lists are empty)

@@ -70,6 +70,13 @@ def wants_int8(weight: torch.Tensor, int8: bool | str) -> bool:
     return bool(int8)
 
 
+def int8_linear(x: torch.Tensor, int8: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None):
+    """x W^T + b through the int8 copy (`quantize`), bf16 activations, in x's dtype."""
+    rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = torch.ops.aten._weight_int8pack_mm(rows, *int8).to(x.dtype).reshape(*x.shape[:-1], -1)
+    return y if bias is None else y + bias
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
            int8: tuple[torch.Tensor, torch.Tensor] | None = None):
     """F.linear(x, weight, bias), through the int8 copy for a few rows, else the packed weight, when there is
@@ -78,9 +85,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled() or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     if int8 is not None and x.numel() <= INT8_MAX_ROWS[x.dtype] * x.shape[-1]:
-        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
-        y = torch.ops.aten._weight_int8pack_mm(rows, *int8).to(x.dtype).reshape(*x.shape[:-1], -1)
-        return y if bias is None else y + bias
+        return int8_linear(x, int8, bias)
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
