@@ -75,6 +75,7 @@ def forward_counter(target):
 def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path, monkeypatch, capsys):
     from blockdraft import Target, cli
 
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path / "cache"))  # a store left by an earlier run is not ours
     (tmp_path / "data.json").write_text(json.dumps(conversations(60)))
     loaded = []
 
