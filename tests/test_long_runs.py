@@ -159,3 +159,13 @@ def test_cli_resume_errors(tmp_path, capsys):
     assert "no saved training state" in capsys.readouterr().err
     assert main(["train", "--drafter", "ngram", "--resume", "--out", str(tmp_path)]) == 2
     assert "does not apply to the ngram drafter" in capsys.readouterr().err
+
+
+def test_store_time_limit_ends_a_complete_store_early(tiny, tmp_path):
+    from blockdraft.train.features import build_store
+
+    store = build_store(tiny, conversations(40), tmp_path / "store", max_tokens=6000, max_len=64, top_k=8,
+                        max_minutes=1e-9)
+    assert store.meta["n_seqs"] == 1 and store.meta["complete"]  # stopped after the first conversation
+    again = build_store(tiny, conversations(40), tmp_path / "store", max_tokens=6000, max_len=64, top_k=8)
+    assert again.meta["n_tokens"] == store.meta["n_tokens"]  # complete: reused as it is, not extended

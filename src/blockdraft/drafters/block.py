@@ -130,7 +130,7 @@ class BlockLayer(nn.Module):
             mask = mask.repeat(group, 1)[None, None]
         a = F.scaled_dot_product_attention(q.reshape(1, c.num_kv_heads, group * n, c.head_dim), k[None], v[None],
                                            attn_mask=mask)
-        x = x + self.o_proj(a.view(c.num_heads, n, c.head_dim).transpose(0, 1).reshape(n, -1))
+        x = x + self.o_proj(a.reshape(c.num_heads, n, c.head_dim).transpose(0, 1).reshape(n, -1))
         h = self.post_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 

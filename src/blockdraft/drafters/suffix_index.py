@@ -19,7 +19,6 @@ import bisect
 from dataclasses import dataclass
 
 import numpy as np
-from pydivsufsort import divsufsort
 
 
 @dataclass
@@ -47,7 +46,11 @@ class SuffixIndex:
         self.tokens = np.ascontiguousarray(tokens)
         self.separator = int(separator)
         self.reversed = np.ascontiguousarray(self.tokens[::-1]).astype(np.int32, copy=False)
-        self.sa = divsufsort(self.reversed) if suffix_array is None else suffix_array
+        if suffix_array is None:
+            from pydivsufsort import divsufsort  # imported where used: only a suffix index needs it
+
+            suffix_array = divsufsort(self.reversed)
+        self.sa = suffix_array
         if len(self.sa) != len(self.tokens):
             raise ValueError("the suffix array does not match the tokens")
 

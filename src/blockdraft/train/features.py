@@ -122,9 +122,11 @@ class FeatureStore:
 
 @torch.inference_mode()
 def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAULT_MAX_LEN, top_k: int = 32,
-                layers: tuple[int, ...] | None = None, seed: int = 0) -> FeatureStore:
+                layers: tuple[int, ...] | None = None, seed: int = 0, max_minutes: float = 0.0) -> FeatureStore:
     """Run `target` over conversations until `max_tokens` tokens are stored. Resumable: meta.json is
-    rewritten every few conversations and a rerun continues after the last stored one."""
+    rewritten every few conversations and a rerun continues after the last stored one. With `max_minutes`,
+    the store ends (complete, with fewer tokens) at the first conversation that finishes past that time:
+    a time-boxed machine (a lent GPU) then always gets to training."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layers = tuple(layers or default_feature_layers(target.num_layers))
@@ -160,7 +162,7 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
     random.Random(seed).shuffle(order)
     n, s = meta["n_tokens"], meta["n_seqs"]
     bar = tqdm(total=max_tokens, initial=n, unit="tok", desc="target features", smoothing=0.05)
-    t_save = time.time()
+    t_save = t_start = time.time()
     for k in range(meta["next_record"], len(order)):
         conv = conversation_ids(target.tokenizer, records[order[k]], max_len, target.eos_token_ids)
         if conv is None:
@@ -194,7 +196,7 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
         if time.time() - t_save > 30 or n >= max_tokens:
             _flush(meta_path, meta, (tokens, assistant, feats, topk_ids, topk_logp, starts))
             t_save = time.time()
-        if n >= max_tokens:
+        if n >= max_tokens or (max_minutes and time.time() - t_start > 60 * max_minutes):
             break
     bar.close()
     meta["complete"] = True  # the loop ran to its end (not killed): a later run reuses the store as it is
