@@ -53,7 +53,7 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
     (1..gamma-1) is trained towards the target's distribution at p_i + j - 1, i.e. for token p_i + j.
     """
     t = b - a
-    feats = torch.from_numpy(np.asarray(store.features[a:b][:, cols], dtype=np.float32))
+    feats = store.read(slice(a, b), cols, device)
     n_blk = len(anchors) * gamma
     pos = torch.from_numpy(anchors)[:, None] + torch.arange(gamma)[None]  # [A, g]
     allowed = torch.zeros(n_blk, t + n_blk, dtype=torch.bool)
@@ -63,7 +63,7 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
     rows = (anchors[:, None] + np.arange(gamma - 1)[None]).clip(max=t - 1)  # teacher rows, within the sequence
     valid = (anchors[:, None] + np.arange(gamma - 1)[None] < t) & (np.asarray(store.assistant[a:b])[rows] == 1)
     roots = torch.from_numpy(np.asarray(store.tokens[a:b])[anchors].astype(np.int64))
-    feats, roots, pos, allowed = (x.to(device) for x in (feats, roots, pos, allowed))
+    roots, pos, allowed = (x.to(device) for x in (roots, pos, allowed))
     return feats, roots, pos, allowed, rows + a, torch.from_numpy(valid)
 
 

@@ -53,7 +53,7 @@ class HeadPositions:
 
 
 def heads_forward(model: HeadsModel, lm_head: FrozenLMHead, store: FeatureStore, col: np.ndarray, p: np.ndarray):
-    h = torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32)).to(lm_head.weight.device)
+    h = store.read(p, col, lm_head.weight.device)
     return lm_head(model(h))  # [B, k, V']
 
 

@@ -45,8 +45,7 @@ def heads_module_batch(drafter: HeadsDrafter, store: FeatureStore, positions: He
     """The same for BPD heads at state positions p: (frozen head states [B, k, H], parents, rows, valid)."""
     rows, ok = positions.batch(p)
     with torch.no_grad():
-        feats = torch.from_numpy(np.asarray(store.features[p][:, col], dtype=np.float32))
-        h = drafter.model(feats.to(drafter.embed.device))
+        h = drafter.model(store.read(p, col, drafter.embed.device))
     return h, true_parents(store, rows), rows, ok
 
 
