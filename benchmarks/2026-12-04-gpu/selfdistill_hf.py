@@ -63,13 +63,13 @@ with open(args.out, "w", encoding="utf-8") as f:
             out = model.generate(input_ids=x.to(target.device), attention_mask=mask.to(target.device),
                                  max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
                                  eos_token_id=sorted(target.eos_token_ids))
-        for (rid, question, _), row in zip(chunk, out[:, width:].tolist()):
+        for (rid, question, _), row in zip(chunk, out[:, width:].tolist(), strict=True):
             reply = list(itertools.takewhile(lambda t: t not in target.eos_token_ids, row))
             text = target.decode(reply)
             if not text.strip():
                 continue
-            record = {"id": rid, "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": text}],
-                      "reply_tokens": len(reply), "selfdistill": settings}
+            turns = [{"from": "human", "value": question}, {"from": "gpt", "value": text}]
+            record = {"id": rid, "conversations": turns, "reply_tokens": len(reply), "selfdistill": settings}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             written, tokens = written + 1, tokens + len(reply)
         print(f"{written} replies, {tokens:,} reply tokens, {tokens / (time.time() - t0):,.0f} tokens/s", flush=True)
