@@ -169,3 +169,16 @@ def test_store_time_limit_ends_a_complete_store_early(tiny, tmp_path):
     assert store.meta["n_seqs"] == 1 and store.meta["complete"]  # stopped after the first conversation
     again = build_store(tiny, conversations(40), tmp_path / "store", max_tokens=6000, max_len=64, top_k=8)
     assert again.meta["n_tokens"] == store.meta["n_tokens"]  # complete: reused as it is, not extended
+
+
+def test_store_read_widens_exactly_what_numpy_would(stores):
+    import numpy as np
+
+    store = stores[0]
+    every = np.arange(store.features.shape[1])
+    some = store.layer_slice(store.layers[-1:])
+    rows = np.array([5, 3, 40, 41])
+    for r, cols in [(slice(10, 30), every), (slice(10, 30), some), (rows, every), (rows, some)]:
+        want = torch.from_numpy(np.asarray(store.features[r][:, cols], dtype=np.float32))
+        got = store.read(r, cols)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
