@@ -172,3 +172,25 @@ def test_a_part_without_held_out_conversations_trains_without_validation(tiny, t
     part.write_text("".join(json.dumps(r) + "\n" for r in records))
     _, valid_store = prepare_stores(tiny, str(part), 1000, 500, store=str(tmp_path / "store2"), max_len=64)
     assert valid_store is not None and valid_store.meta["n_tokens"] > 0
+
+
+def test_generate_engine_writes_the_targets_greedy_replies(chat_model_dir, prompts, tmp_path):
+    """Left-padded batches through transformers' generate (prompts of different lengths): in float32 each reply
+    is the target's own greedy reply, in the same record format."""
+    out = tmp_path / "gen.jsonl"
+    assert run(chat_model_dir, prompts, out, "--engine", "generate", "--batch", "4", "--max-tokens", "1000") == 0
+    records = lines(out)
+    assert len(records) >= 5  # two batches: 4, then the rest
+    target = Target.load(str(chat_model_dir), dtype="float32")
+    ar = SpeculativeDecoder(target, make_drafter("ar", target))
+    for r in records:
+        want = ar.generate(target.encode(r["conversations"][0]["value"]), 12)
+        assert r["conversations"][1]["value"] == want.text
+        assert r["reply_tokens"] == len([t for t in want.tokens if t not in target.eos_token_ids])
+        assert r["selfdistill"]["method"].startswith("ar (transformers generate")
+
+
+@pytest.mark.parametrize("extra", [["--temperature", "0.7"], ["--turns", "2"]])
+def test_generate_engine_refuses_sampling_and_later_turns(chat_model_dir, prompts, tmp_path, capsys, extra):
+    assert run(chat_model_dir, prompts, tmp_path / "x.jsonl", "--engine", "generate", *extra) != 0
+    assert "--engine generate writes greedy first-turn replies" in capsys.readouterr().err

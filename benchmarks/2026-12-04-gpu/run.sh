@@ -5,8 +5,8 @@
 #                  first call) also train every drafter kind for a few steps on a tiny random model on the GPU
 #                  (catches CUDA-only mistakes while the rest is still on its way)
 #   run.sh full    the last call: merge what it carries, join the GGUF, optionally self-distill (SD_MINUTES > 0:
-#                  the target's own replies to ShareGPT prompts, selfdistill_hf.py), build a feature store on the
-#                  GPU, then train two chains side by side on the one GPU, each stage time-boxed:
+#                  the target's own replies to ShareGPT prompts, `blockdraft selfdistill --engine generate`),
+#                  build a feature store on the GPU, then train two chains side by side on the one GPU, each stage time-boxed:
 #                    dflash (from init/dflash if carried)  -> treeflash's module (from init/treeflash if carried)
 #                    bpd heads (from init/bpd if carried)  -> hydra's module (from init/hydra if carried)
 #                  and write the checkpoints (tar, split under 16 MiB) and one log to $OUT.
@@ -79,10 +79,9 @@ python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$KEEP/sharegpt.js
 DATA="$WORK/sharegpt.json"
 if [ "$SD_MINUTES" != 0 ]; then
     stamp "self-distilling for $SD_MINUTES minutes"
-    python3 benchmarks/2026-12-04-gpu/selfdistill_hf.py "$WORK/sd.jsonl" --data "$DATA" --device "$DEVICE" \
-        --batch "${SD_BATCH:-256}" --max-new-tokens "${SD_NEW_TOKENS:-256}" --max-minutes "$SD_MINUTES" \
-        --valid-prompts "${SD_VALID:-300}" \
-        2>&1 | tee "$WORK/sd.log" | tail -n 2
+    bd selfdistill "$WORK/sd.jsonl" --engine generate --batch "${SD_BATCH:-256}" --data "$DATA" --device "$DEVICE" \
+        --dtype bfloat16 --no-compile --max-new-tokens "${SD_NEW_TOKENS:-256}" --max-minutes "$SD_MINUTES" \
+        --max-tokens "${SD_TOKENS:-20000000}" 2>&1 | tr "\r" "\n" | grep -v "/s]$" | tee "$WORK/sd.log" | tail -n 2
     DATA="$WORK/sd.jsonl"
 fi
 STORE="$WORK/stores/train"

@@ -12,6 +12,12 @@ With `batch` > 1 several conversations decode together through the batch engine 
 a conversation's next turn, or the next conversation, joins as soon as a slot frees), several times the
 tokens per second of one at a time on a CPU, where a forward over 8 rows costs about what one does.
 
+On a GPU, `engine="generate"` answers instead through transformers' `generate`, `batch` (a few hundred)
+left-padded prompts at a time, greedy and first turns only: there a forward over hundreds of rows costs about
+what one row does, and our batch engine is built for CPUs. Batched kernels and padding can flip a numeric
+near-tie, so in bf16 a reply may differ from the target's one-sequence greedy reply in rare tokens (training
+data, not output we promise); in float32 they are the same (tested).
+
 The output is appended one record a line and flushed: a run stopped by `--max-minutes`, Ctrl-C or
 a kill continues where it stopped when started again (records already in the file are skipped,
 and their reply tokens count towards `--max-tokens`). Sampled replies use a seed derived from
@@ -108,10 +114,49 @@ def replies(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens,
                 yield conv["rid"], conv["turns"], conv["tokens"], conv["calls"]
 
 
+def generated_replies(target, prompts, max_new_tokens, max_prompt_tokens, batch):
+    """(id, turns, reply tokens, forwards) of each prompt's greedy first-turn reply, through transformers'
+    `generate` over `batch` left-padded prompts at a time (empty replies are skipped)."""
+    import torch
+
+    eos = sorted(target.eos_token_ids)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
+    prompts = iter(prompts)
+    while True:
+        chunk = []
+        for rid, texts in prompts:
+            ids = target.encode_chat([{"role": "user", "content": texts[0]}])
+            if len(ids) <= max_prompt_tokens:
+                chunk.append((rid, texts[0], ids))
+            if len(chunk) == batch:
+                break
+        if not chunk:
+            return
+        width = max(len(ids) for _, _, ids in chunk)
+        x = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(x)
+        for i, (_, _, ids) in enumerate(chunk):
+            x[i, width - len(ids):], mask[i, width - len(ids):] = torch.tensor(ids), 1
+        with torch.inference_mode():
+            out = target.model.generate(input_ids=x.to(target.device), attention_mask=mask.to(target.device),
+                                        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                                        eos_token_id=eos)
+        for (rid, question, _), row in zip(chunk, out[:, width:].tolist(), strict=True):
+            reply = list(itertools.takewhile(lambda t: t not in target.eos_token_ids, row))
+            text = target.decode(reply)
+            if text.strip():
+                turns = [{"from": "human", "value": question}, {"from": "gpt", "value": text}]
+                yield rid, turns, len(reply), len(reply)
+
+
+ENGINES = ("blockdraft", "generate")
+
+
 def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int = 200_000,
                 max_new_tokens: int = 256, max_prompt_tokens: int = 256, data: str = "sharegpt",
                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                max_minutes: float = 0.0, turns: int = 1, valid_share: float = 0.05, batch: int = 1) -> dict:
+                max_minutes: float = 0.0, turns: int = 1, valid_share: float = 0.05, batch: int = 1,
+                engine: str = "blockdraft") -> dict:
     """Append the target's replies to the training split's prompts (the first `turns` human turns of each
     conversation) to `out` (JSONL) until ~max_tokens reply tokens are in the file, `batch` conversations at a
     time. Returns a summary (records and tokens written now and in total, tau, why it stopped)."""
@@ -123,8 +168,13 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
     if min(max_tokens, max_new_tokens, max_prompt_tokens, turns, batch) < 1:
         raise BlockdraftError("--max-tokens, --max-new-tokens, --max-prompt-tokens, --turns and --batch must be "
                               "positive")
+    if engine not in ENGINES:
+        raise BlockdraftError(f"unknown engine '{engine}': choose one of {', '.join(ENGINES)}")
+    if engine == "generate" and (temperature > 0 or turns != 1):
+        raise BlockdraftError("--engine generate writes greedy first-turn replies: use --temperature 0 --turns 1, "
+                              "or the blockdraft engine")
     params = SamplingParams(temperature, top_k, top_p)
-    drafter = make_drafter(method, target)
+    drafter = make_drafter(method, target) if engine == "blockdraft" else None
     path = data_path(data)
     train, valid = split_conversations(load_conversations(path))
     # a share of held-out prompts first, so that training can validate on the target's own replies
@@ -133,7 +183,11 @@ def selfdistill(target, out: str | Path, method: str = "lookup", max_tokens: int
     done, total = done_so_far(out)
     prompts = itertools.chain(itertools.islice(human_turns(valid, turns), n_valid), human_turns(train, turns))
     prompts = ((rid, texts) for rid, texts in prompts if rid not in done)
-    answered = replies(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens, seed, batch)
+    if engine == "generate":
+        method = "ar (transformers generate, left-padded batches)"
+        answered = generated_replies(target, prompts, max_new_tokens, max_prompt_tokens, batch)
+    else:
+        answered = replies(target, drafter, params, prompts, max_new_tokens, max_prompt_tokens, seed, batch)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, written, new_tokens, calls, stop = time.time(), 0, 0, 0, "prompts exhausted"
     settings = {"target": target.name, "method": method, "temperature": temperature, "top_p": top_p, "top_k": top_k,
