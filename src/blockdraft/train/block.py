@@ -55,15 +55,16 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
     t = b - a
     feats = store.read(slice(a, b), cols, device)
     n_blk = len(anchors) * gamma
-    pos = torch.from_numpy(anchors)[:, None] + torch.arange(gamma)[None]  # [A, g]
-    allowed = torch.zeros(n_blk, t + n_blk, dtype=torch.bool)
-    allowed[:, :t] = torch.arange(t)[None] < torch.from_numpy(anchors).repeat_interleave(gamma)[:, None]
-    blk = torch.arange(n_blk) // gamma
+    starts = torch.from_numpy(anchors).to(device)
+    pos = starts[:, None] + torch.arange(gamma, device=device)[None]  # [A, g]
+    # the mask is built where it is used: [A * g, t + A * g] booleans are megabytes a step to copy to a GPU
+    allowed = torch.zeros(n_blk, t + n_blk, dtype=torch.bool, device=device)
+    allowed[:, :t] = torch.arange(t, device=device)[None] < starts.repeat_interleave(gamma)[:, None]
+    blk = torch.arange(n_blk, device=device) // gamma
     allowed[:, t:] = blk[:, None] == blk[None]
     rows = (anchors[:, None] + np.arange(gamma - 1)[None]).clip(max=t - 1)  # teacher rows, within the sequence
     valid = (anchors[:, None] + np.arange(gamma - 1)[None] < t) & (np.asarray(store.assistant[a:b])[rows] == 1)
-    roots = torch.from_numpy(np.asarray(store.tokens[a:b])[anchors].astype(np.int64))
-    roots, pos, allowed = (x.to(device) for x in (roots, pos, allowed))
+    roots = torch.from_numpy(np.asarray(store.tokens[a:b])[anchors].astype(np.int64)).to(device)
     return feats, roots, pos, allowed, rows + a, torch.from_numpy(valid)
 
 
