@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import conversations
 from safetensors.torch import load_file
 
 from blockdraft.train.block import BlockTrainConfig, train_block
-from blockdraft.train.features import FeatureStore
+from blockdraft.train.features import FeatureStore, build_store
 from blockdraft.train.heads import HeadsTrainConfig, train_heads
 from blockdraft.train.neural import NeuralTrainConfig, train_neural
 from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash
@@ -162,8 +163,6 @@ def test_cli_resume_errors(tmp_path, capsys):
 
 
 def test_store_time_limit_ends_a_complete_store_early(tiny, tmp_path):
-    from blockdraft.train.features import build_store
-
     store = build_store(tiny, conversations(40), tmp_path / "store", max_tokens=6000, max_len=64, top_k=8,
                         max_minutes=1e-9)
     assert store.meta["n_seqs"] == 1 and store.meta["complete"]  # stopped after the first conversation
@@ -172,8 +171,6 @@ def test_store_time_limit_ends_a_complete_store_early(tiny, tmp_path):
 
 
 def test_store_read_widens_exactly_what_numpy_would(stores):
-    import numpy as np
-
     store = stores[0]
     every = np.arange(store.features.shape[1])
     some = store.layer_slice(store.layers[-1:])

@@ -18,7 +18,6 @@ for name, ck in [("shipped", CK), ("gpu", "runs/gpu")]:
     dfl = for_training(BlockDrafter.from_pretrained(f"{ck}/dflash", target))
     cols = store.layer_slice(tuple(dfl.config.feature_layers))
     print(name, "dflash", evaluate_block(dfl, store, cols).summary().replace("\n", " | "))
-    for mod, base in [("hydra", "bpd"), ("treeflash", "dflash")]:
-        b = (HeadsDrafter if base == "bpd" else BlockDrafter).from_pretrained(f"{ck}/{base}", target)
-        d = TreeFlashDrafter.from_pretrained(f"{ck}/{mod}", target, b)
+    for mod, base in [("hydra", bpd), ("treeflash", dfl)]:  # each module on the base loaded above
+        d = TreeFlashDrafter.from_pretrained(f"{ck}/{mod}", target, base)
         print(name, mod, evaluate_treeflash(d, store).summary().replace("\n", " | "))

@@ -119,7 +119,8 @@ def generated_replies(target, prompts, max_new_tokens, max_prompt_tokens, batch)
     `generate` over `batch` left-padded prompts at a time (empty replies are skipped)."""
     import torch
 
-    eos = sorted(target.eos_token_ids)
+    stop = target.eos_token_ids  # a property that builds its set: once, not per generated token
+    eos = sorted(stop)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
     prompts = iter(prompts)
     while True:
@@ -135,14 +136,14 @@ def generated_replies(target, prompts, max_new_tokens, max_prompt_tokens, batch)
         width = max(len(ids) for _, _, ids in chunk)
         x = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros_like(x)
-        for i, (_, _, ids) in enumerate(chunk):
+        for i, (_, _, ids) in enumerate(chunk):  # left padding: every prompt ends where generation starts
             x[i, width - len(ids):], mask[i, width - len(ids):] = torch.tensor(ids), 1
         with torch.inference_mode():
             out = target.model.generate(input_ids=x.to(target.device), attention_mask=mask.to(target.device),
                                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
                                         eos_token_id=eos)
         for (rid, question, _), row in zip(chunk, out[:, width:].tolist(), strict=True):
-            reply = list(itertools.takewhile(lambda t: t not in target.eos_token_ids, row))
+            reply = list(itertools.takewhile(lambda t: t not in stop, row))
             text = target.decode(reply)
             if text.strip():
                 turns = [{"from": "human", "value": question}, {"from": "gpt", "value": text}]
