@@ -86,12 +86,14 @@ if [ "$SD_MINUTES" != 0 ]; then
     stamp "self-distilling for $SD_MINUTES minutes"
     bd selfdistill "$WORK/sd.jsonl" --engine generate --batch "${SD_BATCH:-256}" --data "$DATA" --device "$DEVICE" \
         --dtype bfloat16 --no-compile --max-new-tokens "${SD_NEW_TOKENS:-256}" --max-minutes "$SD_MINUTES" \
-        --max-tokens "${SD_TOKENS:-20000000}" 2>&1 | tr "\r" "\n" | grep -v "/s]$" | tee "$WORK/sd.log" | tail -n 2
+        --max-tokens "${SD_TOKENS:-20000000}" 2>&1 | tr "\r" "\n" | grep -v "tok/s" | tee "$WORK/sd.log" | tail -n 2
+    # the replies come back too (xz, ~1 MB per 700k tokens): the CPU can train on them later
+    python3 -c "import lzma, shutil; shutil.copyfileobj(open('$WORK/sd.jsonl', 'rb'), lzma.open('$OUT/sd.jsonl.xz', 'wb'))"
     DATA="$WORK/sd.jsonl"
 fi
 STORE="$WORK/stores/train"
 stamp "building the feature stores"
-python3 - "$DATA" "$STORE" "$TOKENS" "$STORE_MINUTES" "$DEVICE" <<'PY' 2>&1 | tr "\r" "\n" | grep -v "/s]$" | tee "$WORK/store.log" | tail -n 5
+python3 - "$DATA" "$STORE" "$TOKENS" "$STORE_MINUTES" "$DEVICE" <<'PY' 2>&1 | tr "\r" "\n" | grep -v "tok/s" | tee "$WORK/store.log" | tail -n 5
 import sys, time
 from blockdraft import Target
 from blockdraft.data.sharegpt import load_conversations, split_conversations
@@ -146,7 +148,7 @@ w=$!
 wait $a $b
 kill $w 2>/dev/null
 stamp "done"
-# one log back (the device tool returns at most 8 files): the store's, then each chain's, progress bars dropped
+# one log back (the device tool returns at most 8 files: the log, sd.jsonl.xz and the tars' parts): the store's, then each chain's, progress bars dropped
 for log in "$WORK"/sd.log "$WORK/store.log" "$OUT"/train-*.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v "/step\|step/s"; done \
     > "$WORK/logs.txt"
 rm -f "$OUT"/train-*.log && mv "$WORK/logs.txt" "$OUT/logs.txt"
