@@ -128,14 +128,8 @@ class BatchEngine:
         w, B = self.w, len(tokens)
         self._reserve(self._end(first, tokens) + 1)  # one position to spare: see StaticEngine.forward
         rows = self._rows(first, tokens, depths, allowed, "last" if last_logits_only else "all")
-        # a step runs on the compiled graphs, and so does a fresh prompt in slot 0 (the engine's prefill graph, on
-        # a view of its buffers; in other slots a view's offset would be guarded on and recompiled for: eager)
-        if w.compiled_prefill is not None and first == 0 and B == 1 and last_logits_only and rows.causal:
-            tok, cos, sin, _, write_slot, write_pos, _, end = rows[:8]
-            logits, every_layer = w.compiled_prefill(tok.clone(), cos, sin, [k[:1] for k in self.keys],
-                                                     [v[:1] for v in self.values], write_slot, write_pos, end)
-            hidden = [every_layer[i] for i in hidden_layers]
-        elif self.compiled is not None and first == 0 and not last_logits_only and not rows.causal:
+        # a step runs on the compiled graphs; prefills stay eager (see StaticEngine)
+        if self.compiled is not None and first == 0 and not last_logits_only and not rows.causal:
             tok, cos, sin, mask, write_slot, write_pos, _, end = rows[:8]
             if B > 1:
                 logits, every_layer = self.compiled(tok, cos, sin, mask, self.keys, self.values, write_slot,

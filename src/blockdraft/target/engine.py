@@ -247,19 +247,6 @@ class _Step(nn.Module):
         return self.decoder(tokens, cos, sin, mask, keys, values, write_slot, write_pos, 0, end, self.every_layer)
 
 
-class _Prefill(nn.Module):
-    """A fresh prompt of one sequence (slot 0, causal kernel): the last row's logits and every layer's hidden states."""
-
-    def __init__(self, decoder: Decoder):
-        super().__init__()
-        self.decoder = decoder
-        self.every_layer = frozenset(range(len(decoder.layers) + 1))
-
-    def forward(self, tokens, cos, sin, keys, values, write_slot, write_pos, end):
-        return self.decoder(tokens, cos, sin, None, keys, values, write_slot, write_pos, 0, end, self.every_layer,
-                            last_logits_only=True, causal=True)
-
-
 def compiled_step(decoder: Decoder):
     """One sequence's decoding step (any tree size, any context) through torch.compile.
 
@@ -273,23 +260,7 @@ def compiled_step(decoder: Decoder):
     constants, which torch's on-disk graph cache does not take: each process compiles each graph once,
     on its first call (~50 s for SmolLM2-135M on 2 cores).
     """
-    return _compiled(_Step(decoder))
-
-
-def compiled_prefill(decoder: Decoder):
-    """A fresh prompt's pass (any length) through torch.compile, as `compiled_step` does a step's.
-
-    With bf16 matmuls on AMX the projections no longer dominate a prefill: eager, a 512-token prompt spent
-    ~20% of its time in the elementwise ops (norms, rotary, SiLU, residual adds) that inductor fuses.
-    Compiled, SmolLM2-135M prefills 1.2-1.5x faster (bf16, 2 threads: 64 tokens 1,545 -> 2,402 tokens/s,
-    256: 2,876 -> 4,290, 774: 3,038 -> 3,594). Its own graph, not the step's: that one computes every
-    row's logits, which over a prompt would cost a quarter more than the whole model does.
-    """
-    return _compiled(_Prefill(decoder))
-
-
-def _compiled(module: nn.Module):
-    graph = torch.compile(module, dynamic=True)
+    step = torch.compile(_Step(decoder), dynamic=True)
 
     def call(*args):
         # inductor reads `freezing` outside the scope of torch.compile(options=...): patch it for the call
@@ -301,7 +272,7 @@ def _compiled(module: nn.Module):
         with torch._inductor.config.patch(freezing=True, cpp_wrapper=True), \
                 torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
                 torch.fx.experimental._config.patch(use_duck_shape=False):
-            return graph(*args)
+            return step(*args)
 
     return call
 
@@ -314,9 +285,11 @@ class StaticEngine:
     `allowed` marks (its ancestors in a draft tree; None = causal). `commit(path)` moves the
     accepted slots next to the prefix, in place; the rest is overwritten by the next forward.
 
-    With `compile=True` the steps after the prefill (one token or a tree) run the compiled decoder, and
-    a fresh prompt its own compiled graph (`compiled_prefill`). The three graphs are compiled when the
-    engine is made, on a throwaway sequence, and `compile_seconds` says how long that took.
+    With `compile=True` the steps after the prefill (one token or a tree) run the compiled decoder;
+    prefills stay eager: one per prompt, and a graph of their own (commit 8f241d8, BENCHMARKS.md 2026-12-04)
+    prefilled 1.5x faster up to 256 tokens, 1.2x at 512-774 and no faster from 1,024 on AMX, which is ~1% of a
+    bench turn, for ~90 s more compilation at load. Both graphs are compiled when the engine is made, on a
+    throwaway sequence, and `compile_seconds` says how long that took.
     """
 
     def __init__(self, model, compile: bool = False):
@@ -330,17 +303,16 @@ class StaticEngine:
         self.cos = self.sin = None  # rotary tables [capacity, head_dim]; sin with its first half negated
         self.length = 0
         self.compiled = compiled_step(self.decoder) if compile else None
-        self.compiled_prefill = compiled_prefill(self.decoder) if compile else None
         self.compile_seconds = self._compile() if compile else 0.0
 
     def _compile(self) -> float:
-        """Run a prefill, a one-token step and a tree pass on a throwaway sequence: their first calls compile.
+        """Run a one-token step and a tree pass on a throwaway sequence: their first calls compile.
         The sizes (an 11-token prefix, 7 nodes) are odd on purpose: a size equal to one of the model's own
         dimensions would be specialised to it, and other sizes would then compile again."""
         t0 = time.perf_counter()
         device = self.embed.device
         tokens = torch.zeros(19, dtype=torch.long, device=device)
-        self.forward(tokens[:11], torch.arange(11, device=device), last_logits_only=True)
+        self.forward(tokens[:11], torch.arange(11, device=device))
         self.forward(tokens[11:12], torch.tensor([11], device=device))
         self.forward(tokens[12:19], torch.arange(12, 19, device=device))
         self.reset()
@@ -398,12 +370,8 @@ class StaticEngine:
         causal = n > 1 and mask is None  # a fresh prefill: plain causal attention
         slot = torch.zeros(n, dtype=torch.long, device=device)
         write = torch.arange(start, end, device=device)
-        # a copy of the tokens, not a view: a view's offset into its base would be guarded on, and recompiled for
-        if self.compiled_prefill is not None and causal and last_logits_only:
-            logits, every_layer = self.compiled_prefill(tokens[None].clone(), cos, sin, self.keys, self.values, slot,
-                                                        write, end)
-            hidden = [every_layer[i] for i in hidden_layers]
-        elif self.compiled is not None and start > 0 and not last_logits_only:
+        if self.compiled is not None and start > 0 and not last_logits_only:
+            # a copy, not a view: a view's offset into its base would be guarded on, and recompiled for
             logits, every_layer = self.compiled(tokens[None].clone(), cos, sin, mask, self.keys, self.values, slot,
                                                 write, end)
             hidden = [every_layer[i] for i in hidden_layers]
