@@ -2,9 +2,10 @@
 
 200 Spec-Bench first turns, 64 tokens each, `lookup`, compiled, default dtype, 2 threads, prefix cache 256 MB, as
 `python benchmarks/serve_load.py --in-process --requests 200 --concurrency 8`, at prefill_chunk 256 (the default)
-and 512, alternating, two runs each. The first run's `forward` time includes the batch graphs' compilation.
+and 512, alternating, two runs each (or as many pairs as the first argument says). The first run's `forward` time
+includes the batch graphs' compilation.
 
-    python benchmarks/2026-12-04-c8-profile/c8_profile.py      # from the repository root
+    python benchmarks/2026-12-04-c8-profile/c8_profile.py [PAIRS]     # from the repository root
 """
 
 import collections
@@ -25,6 +26,7 @@ import serve_load  # noqa: E402  (benchmarks/serve_load.py: its in-process load,
 
 SECONDS, CALLS = collections.defaultdict(float), collections.Counter()
 CHUNK = [256]
+PAIRS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 
 
 def timed(name):
@@ -54,12 +56,13 @@ def main() -> None:
     drafter = make_drafter("lookup", target)
     conversations = [q.turns[:1] for q in load_questions(None)]
     args = types.SimpleNamespace(max_batch=8, max_tokens=64, system=[])
-    for chunk in (256, 512, 256, 512):
+    for chunk in (256, 512) * PAIRS:
         CHUNK[0] = chunk
         SECONDS.clear()
         CALLS.clear()
         level = serve_load.run_level_in_process(target, drafter, conversations, 200, 8, 256.0, args)
-        print(f"chunk {chunk}: {level['tokens_per_s']:.1f} tok/s, wall {level['wall_s']:.1f} s; "
+        print(f"chunk {chunk}: {level['tokens_per_s']:.1f} tok/s, wall {level['wall_s']:.1f} s, "
+              f"p50 {level['p50']:.2f} s, p95 {level['p95']:.2f} s; "
               + ", ".join(f"{k} {SECONDS[k]:.1f} s in {CALLS[k]} calls" for k in SECONDS), flush=True)
 
 

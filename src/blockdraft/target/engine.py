@@ -287,7 +287,7 @@ class StaticEngine:
 
     With `compile=True` the steps after the prefill (one token or a tree) run the compiled decoder;
     prefills stay eager: one per prompt, and a graph of their own (commit 8f241d8, BENCHMARKS.md 2026-12-04)
-    prefilled 1.5x faster up to 256 tokens, 1.2x at 512-774 and no faster from 1,024 on AMX, which is ~1% of a
+    prefilled 1.5x faster up to 256 tokens, 1.2x at 512-774 and no faster from 1,024 on AMX, ~1-2% of a
     bench turn, for ~70 s more compilation at load. Both graphs are compiled when the engine is made, on a
     throwaway sequence, and `compile_seconds` says how long that took.
     """
