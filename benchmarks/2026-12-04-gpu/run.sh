@@ -148,7 +148,8 @@ w=$!
 wait $a $b
 kill $w 2>/dev/null
 stamp "done"
-# one log back (the device tool returns at most 8 files: the log, sd.jsonl.xz and the tars' parts): the store's, then each chain's, progress bars dropped
+# one log back (the device tool returns at most 8 files: this log, sd.jsonl.xz and the tars' parts): the
+# self-distillation's, the store's, then each chain's, progress bars dropped
 for log in "$WORK"/sd.log "$WORK/store.log" "$OUT"/train-*.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v "/step\|step/s"; done \
     > "$WORK/logs.txt"
 rm -f "$OUT"/train-*.log && mv "$WORK/logs.txt" "$OUT/logs.txt"
