@@ -88,13 +88,14 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
     monkeypatch.setattr(cli, "_load_target", load)
     out = tmp_path / "run"
     args = ["train", "--target", str(tiny_model_dir), "--drafter", "heads", "--data", str(tmp_path / "data.json"),
-            "--max-tokens", "3000", "--valid-tokens", "300", "--num-heads", "2", "--draft-vocab", "0",
-            "--epochs", "2", "--lr", "0.003", "--stop-at-step", "5", "--out", str(out), "--dtype", "float32",
-            "--max-len", "40"]
+            "--max-tokens", "3000", "--valid-tokens", "300", "--num-heads", "2", "--inner-size", "24",
+            "--draft-vocab", "0", "--epochs", "2", "--lr", "0.003", "--stop-at-step", "5", "--out", str(out),
+            "--dtype", "float32", "--max-len", "40"]
     assert cli.main(args) == 0
     assert sum(loaded[0]) > 0  # the first run built the stores
     assert json.loads((out / "resume" / "state.json").read_text())["step"] == 5
-    assert json.loads((out / "config.json").read_text())["training"]["stopped"] == "--stop-at-step"
+    config = json.loads((out / "config.json").read_text())
+    assert config["training"]["stopped"] == "--stop-at-step" and config["inner_size"] == 24
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(out)]) == 0  # nothing restated
     assert sum(loaded[1]) == 0  # no target forward at all: both stores were reused as they were
@@ -102,7 +103,8 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
     state = json.loads((out / "resume" / "state.json").read_text())
     assert state["step"] == state["total_steps"] > 5
     run = json.loads((out / "run.json").read_text())
-    assert run["drafter"] == "heads" and run["options"]["num_heads"] == 2
+    assert run["drafter"] == "heads" and run["options"]["num_heads"] == 2 and run["options"]["inner_size"] == 24
+    assert json.loads((out / "config.json").read_text())["inner_size"] == 24  # the resumed run kept it
     store = FeatureStore.open(run["store"])  # --max-len reached the store: no conversation is longer
     assert run["max_len"] == store.meta["max_len"] == 40
     assert max(b - a for a, b in store.sequences()) == 40

@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "again; the feature stores are reused, not rebuilt")
     t.add_argument("--store", default=None, help="feature store folder (default: in the blockdraft cache)")
     t.add_argument("--num-heads", type=int, default=None, help="heads: number of BPD heads (default 4)")
+    t.add_argument("--inner-size", type=_positive_int, default=None,
+                   help="heads: each head's hidden width; treeflash: the AR module's (default 1152 for both)")
     t.add_argument("--num-layers", type=int, default=None, help="block: drafter layers (default 2)")
     t.add_argument("--gamma", type=int, default=None, help="block: block size incl. the last token (default 8)")
     t.add_argument("--draft-vocab", type=int, default=None,
@@ -328,8 +330,8 @@ def cmd_train(args) -> int:
     from .train.common import saved_state
     from .train.run import saved_run, train_command, training_config
 
-    names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "num_layers", "gamma", "draft_vocab", "lr", "seed",
-             "order", "min_count", "width", "init", "init_module", "style")
+    names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "inner_size", "num_layers", "gamma", "draft_vocab",
+             "lr", "seed", "order", "min_count", "width", "init", "init_module", "style")
     options = {k: getattr(args, k) for k in names}
     if args.resume is not None:  # the run's own arguments, unless given again
         folder = args.out if args.resume is True else args.resume
