@@ -27,6 +27,7 @@ M_TREEFLASH=${M_TREEFLASH:-1.5}
 M_BPD=${M_BPD:-2.0}
 M_HYDRA=${M_HYDRA:-2.5}
 SD_MINUTES=${SD_MINUTES:-0}
+MODULE_INNER=${MODULE_INNER:-}  # an AR module width other than the shipped 1152: trained from scratch at it
 mkdir -p "$OUT" "$WORK" "$SITE"
 export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false BLOCKDRAFT_CACHE="$WORK/cache"
 bd() { python3 -c 'import sys; from blockdraft.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
@@ -112,16 +113,18 @@ R="$WORK/runs"
 mkdir -p "$R" && rm -f "$WORK/stop"
 # a carried checkpoint is fine-tuned (lower learning rate); without one the drafter trains from scratch
 init() { [ -d "$KEEP/init/$2" ] && echo "$1 $KEEP/init/$2 --lr ${3:-3e-4}"; }
+# an AR module of another width cannot start from the carried one (its shape differs): from scratch at that width
+module_init() { if [ -n "$MODULE_INNER" ]; then echo "--inner-size $MODULE_INNER"; else init --init-module "$1"; fi; }
 chain_block() {
     bd train --drafter block "${common[@]}" $(init --init dflash 5e-4) --epochs 4 \
         --max-minutes "$M_DFLASH" --out "$R/dflash" && [ ! -f "$WORK/stop" ] &&
-    bd train --drafter treeflash "${common[@]}" --init "$R/dflash" $(init --init-module treeflash) --epochs 4 \
+    bd train --drafter treeflash "${common[@]}" --init "$R/dflash" $(module_init treeflash) --epochs 4 \
         --max-minutes "$M_TREEFLASH" --out "$R/treeflash"
 }
 chain_heads() {
     bd train --drafter heads "${common[@]}" $(init --init bpd) --epochs 4 --max-minutes "$M_BPD" --out "$R/bpd" &&
     [ ! -f "$WORK/stop" ] &&
-    bd train --drafter treeflash "${common[@]}" --init "$R/bpd" $(init --init-module hydra) --epochs 4 \
+    bd train --drafter treeflash "${common[@]}" --init "$R/bpd" $(module_init hydra) --epochs 4 \
         --max-minutes "$M_HYDRA" --out "$R/hydra"
 }
 stamp "training two chains side by side"
