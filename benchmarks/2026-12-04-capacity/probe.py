@@ -46,7 +46,7 @@ def main() -> None:
                                                                                 lr=args.lr))
             metrics, model = evaluate_heads(drafter, valid), drafter.model
         minutes = (time.perf_counter() - t0) / 60
-        params = sum(p.numel() for p in model.parameters())
+        params = sum(w.numel() for w in model.parameters())
         rows.append((inner, params, minutes, metrics.accuracy))
         print(f"inner {inner}: {params / 1e6:.1f}M parameters, {minutes:.1f} min, "
               f"top-1 per depth {[round(a, 4) for a in metrics.accuracy]}", flush=True)
