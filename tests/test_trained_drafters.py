@@ -249,6 +249,8 @@ def test_train_command_rejects_bad_options(tmp_path, capsys):
     assert "gamma do not apply to the 'heads' drafter" in capsys.readouterr().err
     assert main(["train", "--drafter", "block", "--inner-size", "64", "--out", str(tmp_path / "x")]) == 2
     assert "inner_size do not apply to the 'block' drafter" in capsys.readouterr().err
+    assert main(["train", "--drafter", "heads", "--init", "somewhere", "--inner-size", "64", "--out", "x"]) == 2
+    assert "--inner-size applies to a new drafter" in capsys.readouterr().err
     assert main(["train", "--drafter", "block", "--resume", "--out", str(tmp_path / "y")]) == 2
     assert "no saved training state" in capsys.readouterr().err
 
