@@ -250,7 +250,7 @@ def test_train_command_rejects_bad_options(tmp_path, capsys):
     assert main(["train", "--drafter", "block", "--inner-size", "64", "--out", str(tmp_path / "x")]) == 2
     assert "inner_size do not apply to the 'block' drafter" in capsys.readouterr().err
     assert main(["train", "--drafter", "heads", "--init", "somewhere", "--inner-size", "64", "--out", "x"]) == 2
-    assert "--inner-size applies to a new drafter" in capsys.readouterr().err
+    assert "--inner-size applies to new heads" in capsys.readouterr().err
     assert main(["train", "--drafter", "block", "--resume", "--out", str(tmp_path / "y")]) == 2
     assert "no saved training state" in capsys.readouterr().err
 
@@ -356,6 +356,39 @@ def test_ar_module_fine_tunes_from_an_earlier_module(tiny, stores, trained, tmp_
     assert config["training"]["init_training"]["steps"] > 0  # the first run's record is kept
     assert config["training"]["command_config"]["init_module"] == str(tmp_path / "first")
     TreeFlashDrafter.from_pretrained(tmp_path / "tuned", tiny, HeadsDrafter.from_pretrained(root / "heads", tiny))
+
+
+def test_ar_module_widens_without_changing_its_function(tiny, stores, trained, tmp_path):
+    """--init-module with a larger --inner-size: the same function at first, then the added units train; the
+    result loads and decodes losslessly; a narrower width is refused by name."""
+    from blockdraft.drafters.treeflash import TreeFlashDrafter
+    from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash, widen
+
+    root, _, _ = trained
+    train, valid = stores
+    cfg = dict(init=str(root / "heads"), lr=3e-3, batch=64, epochs=3)
+    first = train_treeflash(tiny, train, valid, tmp_path / "first", TreeFlashTrainConfig(inner_size=16, **cfg))
+    narrow = first.module.float()
+    wide = widen(narrow, 40)
+    assert wide.config.inner_size == 40 and wide.gate.weight.shape == (40, 2 * tiny.hidden_size)
+    assert wide.up.weight[16:].abs().min() > 0  # the added units are live, only silent
+    h, parent = torch.randn(6, tiny.hidden_size), torch.randn(6, tiny.hidden_size)
+    assert torch.allclose(wide(h, parent), narrow(h, parent), atol=1e-6)
+    assert widen(narrow, 16) is narrow
+    tuned = train_treeflash(tiny, train, valid, tmp_path / "wide",
+                            TreeFlashTrainConfig(inner_size=40, init_module=str(tmp_path / "first"), **cfg))
+    assert tuned.module.config.inner_size == 40
+    assert tuned.module.down.weight[:, 16:].abs().sum() > 0  # training moved the added units
+    config = json.loads((tmp_path / "wide" / "config.json").read_text())
+    assert config["inner_size"] == 40 and config["training"]["init_training"]["steps"] > 0
+    heads = HeadsDrafter.from_pretrained(root / "heads", tiny)
+    again = TreeFlashDrafter.from_pretrained(tmp_path / "wide", tiny, heads)
+    ids = tiny.encode("tell me more now")
+    ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
+    assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens
+    with pytest.raises(BlockdraftError, match="narrower than .*'s 40: a fine-tune can widen"):
+        train_treeflash(tiny, train, valid, tmp_path / "narrow",
+                        TreeFlashTrainConfig(inner_size=24, init_module=str(tmp_path / "wide"), **cfg))
 
 
 def test_block_drafter_fine_tunes_from_a_checkpoint(tiny, stores, trained, tmp_path):

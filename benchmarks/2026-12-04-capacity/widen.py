@@ -3,15 +3,17 @@
     python benchmarks/2026-12-04-capacity/widen.py SHIPPED_MODULE_DIR BASE_DIR OUT_DIR --inner 2048
 
 The new hidden units get random gate/up rows (scaled like the old ones) and zero columns in the down projection,
-so the widened module's output equals the original's exactly until training moves them.
+so the widened module's output equals the original's exactly until training moves them. The widening itself is
+`blockdraft.train.treeflash.widen` (since 2026-12-04, late: `blockdraft train --init-module M --inner-size N`); its added units' random draws
+differ from those of the run recorded in BENCHMARKS.md (2026-12-04, evening), which were drawn here.
 """
 import argparse
 
 import torch
 
 from blockdraft.api import load_target
-from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
-from blockdraft.train.treeflash import load_base
+from blockdraft.drafters.treeflash import TreeFlashDrafter
+from blockdraft.train.treeflash import load_base, widen
 
 
 def main() -> None:
@@ -24,29 +26,16 @@ def main() -> None:
     target = load_target(None)
     base = load_base(args.base, target)
     old = TreeFlashDrafter.from_pretrained(args.module, target, base).module.float()
-    c = old.config
-    if args.inner <= c.inner_size:
-        raise SystemExit(f"--inner must exceed the module's {c.inner_size}")
-    cfg = ARApproxConfig(c.hidden_size, args.inner, c.rms_eps, c.block_drafter, c.base_kind, c.draft_vocab,
-                         {"widened_from": str(args.module), "inner_before": c.inner_size, "init_training": c.training})
-    new = ARApproxModule(cfg).to(target.device)
     torch.manual_seed(0)
-    n = c.inner_size
-    with torch.no_grad():
-        new.norm_parent.weight.copy_(old.norm_parent.weight)
-        new.norm_state.weight.copy_(old.norm_state.weight)
-        for name in ("gate", "up"):
-            w_old, w_new = getattr(old, name).weight, getattr(new, name).weight
-            w_new[:n] = w_old
-            w_new[n:] = torch.randn_like(w_new[n:]) * w_old.std()
-        new.down.weight.zero_()
-        new.down.weight[:, :n] = old.down.weight
-    h = torch.randn(64, c.hidden_size, device=target.device)
-    e = torch.randn(64, c.hidden_size, device=target.device)
+    new = widen(old, args.inner, args.module)  # what `blockdraft train --init-module M --inner-size N` starts from
+    new.config.training = {"widened_from": str(args.module), "inner_before": old.config.inner_size,
+                           "init_training": old.config.training}
+    h = torch.randn(64, old.config.hidden_size, device=target.device)
+    e = torch.randn(64, old.config.hidden_size, device=target.device)
     assert torch.allclose(new(h, e), old(h, e), atol=1e-5), "the widened module must compute the same"
     drafter = TreeFlashDrafter(base, new.eval())
     drafter.save_pretrained(args.out, target)
-    print(f"wrote {args.out}: inner {n} -> {args.inner}, the same function")
+    print(f"wrote {args.out}: inner {old.config.inner_size} -> {args.inner}, the same function")
 
 
 if __name__ == "__main__":

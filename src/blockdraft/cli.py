@@ -187,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--store", default=None, help="feature store folder (default: in the blockdraft cache)")
     t.add_argument("--num-heads", type=int, default=None, help="heads: number of BPD heads (default 4)")
     t.add_argument("--inner-size", type=_positive_int, default=None,
-                   help="heads: each head's hidden width; treeflash: the AR module's (default 1152 for both)")
+                   help="heads: each head's hidden width; treeflash: the AR module's (default 1152 for both); "
+                        "with --init-module, a larger width widens that module without changing what it computes, "
+                        "and the fine-tune trains the added units")
     t.add_argument("--num-layers", type=int, default=None, help="block: drafter layers (default 2)")
     t.add_argument("--gamma", type=int, default=None, help="block: block size incl. the last token (default 8)")
     t.add_argument("--draft-vocab", type=int, default=None,

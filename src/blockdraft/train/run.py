@@ -77,10 +77,9 @@ def training_config(drafter: str, out, resume: bool = False, **options):
     bad = [k for k, v in options.items() if v is not None and k not in known]
     if bad:
         raise BlockdraftError(f"option(s) {', '.join(bad)} do not apply to the '{drafter}' drafter")
-    warm = options.get("init_module") if drafter == "treeflash" else options.get("init")
-    if options.get("inner_size") is not None and warm:
-        raise BlockdraftError(f"--inner-size applies to a new drafter: '{warm}' keeps its own width (fine-tuning); "
-                              f"leave out --inner-size, or train from scratch")
+    if options.get("inner_size") is not None and drafter == "heads" and options.get("init"):
+        raise BlockdraftError(f"--inner-size applies to new heads: '{options['init']}' keeps its own width "
+                              f"(fine-tuning); leave out --inner-size, or train from scratch")
     styles = {"heads": HEAD_STYLES, "block": BLOCK_STYLES}.get(drafter, ())
     if options.get("style") is not None and options["style"] not in styles:
         raise BlockdraftError(f"--style {options['style']}: the '{drafter}' drafter's styles are {', '.join(styles)}")
