@@ -121,8 +121,8 @@ def widen(module: ARApproxModule, inner_size: int, name: str = "the AR module") 
     with torch.no_grad():
         wide.norm_parent.weight.copy_(module.norm_parent.weight)
         wide.norm_state.weight.copy_(module.norm_state.weight)
-        for name in ("gate", "up"):
-            old, new = getattr(module, name).weight, getattr(wide, name).weight
+        for proj in ("gate", "up"):
+            old, new = getattr(module, proj).weight, getattr(wide, proj).weight
             new[:n] = old
             new[n:] = torch.randn_like(new[n:]) * old.std()
         wide.down.weight.zero_()
