@@ -1,0 +1,55 @@
+#!/bin/bash
+# Replies of the target to Spec-Bench-shaped prompts built from ShareGPT's training split (make_prompts.py:
+# translation, summarization, RAG, QA), mixed half and half (by characters) with the last round's self-distilled
+# ShareGPT replies (runs/sd5/sd.jsonl, a replay that keeps what the drafters learned), then fine-tunes of the
+# shipped drafters on the mix, compared on the quick subset and on held-out ShareGPT.
+# Usage: bash run.sh sd | mix | train | quick | heldout
+set -e
+D=benchmarks/2026-12-04-task-selfdistill
+CK=src/blockdraft/checkpoints/smollm2-135m
+W=runs/task
+case $1 in
+sd)
+  mkdir -p $W
+  python $D/make_prompts.py $W/prompts.jsonl
+  blockdraft selfdistill $W/sd.jsonl --data $W/prompts.jsonl --batch 8 --turns 1 --max-prompt-tokens 1100 \
+    --max-tokens 3000000 --max-minutes 35 --threads 2
+  ;;
+mix)
+  python - <<'PY'
+import json, random
+from blockdraft.data.sharegpt import load_conversations
+def chars(r): return sum(len(t["value"]) for t in r["conversations"])
+task, replay = list(load_conversations("runs/task/sd.jsonl")), list(load_conversations("runs/sd5/sd.jsonl"))
+random.Random(0).shuffle(replay)
+budget, mix = sum(map(chars, task)), list(task)
+for r in replay:
+    if budget <= 0:
+        break
+    mix.append(r)
+    budget -= chars(r)
+with open("runs/task/mix.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in mix)
+print(f"{len(task)} task conversations + {len(mix) - len(task)} replayed ones")
+PY
+  ;;
+train)
+  # the first command builds the feature stores runs/store-task(-valid) from the mix
+  run() { blockdraft train --data $W/mix.jsonl --store runs/store-task --max-tokens 1200000 --lr 3e-4 --epochs 2 \
+            --threads 2 "$@"; }
+  run --drafter block --init $CK/dflash --max-minutes 10 --out $W/dflash
+  run --drafter treeflash --init $W/dflash --init-module $CK/treeflash --max-minutes 10 --out $W/treeflash
+  run --drafter heads --init $CK/bpd --max-minutes 6 --out $W/bpd
+  run --drafter treeflash --init $W/bpd --init-module $CK/hydra --max-minutes 7 --out $W/hydra
+  ;;
+quick)
+  blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 \
+    --methods ar,hf,dflash,dflash:checkpoint=$W/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$W/dflash:module=$W/treeflash,bpd,bpd:checkpoint=$W/bpd,hydra,hydra:checkpoint=$W/bpd:module=$W/hydra \
+    --out $D/quick
+  ;;
+heldout)
+  blockdraft bench --questions sharegpt --per-category 20 --max-new-tokens 128 --threads 2 --no-compile \
+    --methods ar,dflash,dflash:checkpoint=$W/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$W/dflash:module=$W/treeflash,bpd,bpd:checkpoint=$W/bpd,hydra,hydra:checkpoint=$W/bpd:module=$W/hydra \
+    --out $D/heldout
+  ;;
+esac
