@@ -51,7 +51,7 @@ def main(out_path: str) -> None:
     kinds: dict[str, list[str]] = {"translation": [], "summarization": [], "rag": [], "qa": []}
     de = german_sentences(train)
     kinds["translation"] = [f"Translate German to English: {s}" for s in de]
-    kinds["translation"] += [f"Translate German to English: {a} {b}" for a, b in zip(de, de[1:])]
+    kinds["translation"] += [f"Translate German to English: {a} {b}" for a, b in itertools.pairwise(de)]
     for r in train:
         turns = [(t.get("from"), str(t.get("value", "")).strip()) for t in r["conversations"]]
         for i, (who, text) in enumerate(turns):
