@@ -3,7 +3,7 @@
 # translation, summarization, RAG, QA), mixed half and half (by characters) with the last round's self-distilled
 # ShareGPT replies (runs/sd5/sd.jsonl, a replay that keeps what the drafters learned), then fine-tunes of the
 # shipped drafters on the mix, compared on the quick subset and on held-out ShareGPT.
-# Usage: bash run.sh sd | mix | train | quick | heldout
+# Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -41,6 +41,15 @@ train)
   run --drafter treeflash --init $W/dflash --init-module $CK/treeflash --max-minutes 10 --out $W/treeflash
   run --drafter heads --init $CK/bpd --max-minutes 6 --out $W/bpd
   run --drafter treeflash --init $W/bpd --init-module $CK/hydra --max-minutes 7 --out $W/hydra
+  ;;
+hydra-module)
+  # hydra's module alone fine-tuned on the same store, on the shipped bpd heads, then both benches for it
+  blockdraft train --data $W/mix.jsonl --store runs/store-task --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 \
+    --drafter treeflash --init $CK/bpd --init-module $CK/hydra --max-minutes 7 --out $W/hydra-module
+  blockdraft bench --questions sharegpt --per-category 20 --max-new-tokens 128 --threads 2 --no-compile \
+    --methods ar,hydra,hydra:module=$W/hydra-module --out $D/hydra-module-heldout
+  blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 --no-compile \
+    --methods ar,hydra,hydra:module=$W/hydra-module --out $D/hydra-module-quick
   ;;
 quick)
   blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 \
