@@ -3,7 +3,7 @@
 # translation, summarization, RAG, QA), mixed half and half (by characters) with the last round's self-distilled
 # ShareGPT replies (runs/sd5/sd.jsonl, a replay that keeps what the drafters learned), then fine-tunes of the
 # shipped drafters on the mix, compared on the quick subset and on held-out ShareGPT.
-# Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module
+# Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -60,5 +60,12 @@ heldout)
   blockdraft bench --questions sharegpt --per-category 20 --max-new-tokens 128 --threads 2 --no-compile \
     --methods ar,dflash,dflash:checkpoint=$W/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$W/dflash:module=$W/treeflash,bpd,bpd:checkpoint=$W/bpd,hydra,hydra:checkpoint=$W/bpd:module=$W/hydra \
     --out $D/heldout
+  ;;
+heldout-tasks)
+  # held-out prompts of three of the task shapes (make_heldout.py: ShareGPT's held-out split, 10 per category)
+  (cd $D && python make_heldout.py heldout_tasks.jsonl 10)  # it imports make_prompts.py from its folder
+  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods ar,dflash,dflash:checkpoint=$W/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$W/dflash:module=$W/treeflash,bpd,bpd:checkpoint=$W/bpd,hydra,hydra:checkpoint=$W/bpd:module=$W/hydra \
+    --out $D/heldout-tasks
   ;;
 esac
