@@ -1,17 +1,30 @@
 """Paired comparison of two methods in one bench run: tau over all turns, per-turn wins, and a bootstrap 95%
 interval of the tau gain over resampled turns. Usage: python 2026-12-05-paired.py RESULTS.json METHOD_A METHOD_B"""
-import json, sys, random
+
+import json
+import random
+import sys
 from collections import defaultdict
-path, a, b = sys.argv[1:4]
-rec = json.load(open(path))['records']
-d = defaultdict(dict)
-for x in rec:
-    d[x['method']][(x['question_id'], x['turn'])] = x
-qs = [q for q in d[a] if q in d[b]]
-def tau(m, qs): return sum(d[m][q]['new_tokens'] for q in qs) / sum(d[m][q]['target_calls'] for q in qs)
-diff = [d[b][q]['new_tokens']/d[b][q]['target_calls'] - d[a][q]['new_tokens']/d[a][q]['target_calls'] for q in qs]
-rng = random.Random(0); boots = []
-for _ in range(2000):
-    s = [rng.choice(qs) for _ in qs]; boots.append(tau(b, s) - tau(a, s))
-boots.sort()
-print(f"{len(qs)} turns: tau {tau(a,qs):.3f} -> {tau(b,qs):.3f} ({tau(b,qs)-tau(a,qs):+.3f}); better on {sum(x>0 for x in diff)}, worse on {sum(x<0 for x in diff)}; bootstrap 95% [{boots[50]:+.3f}, {boots[1950]:+.3f}]")
+
+
+def main(path: str, a: str, b: str, resamples: int = 2000) -> None:
+    by_method = defaultdict(dict)
+    for r in json.load(open(path))["records"]:
+        by_method[r["method"]][(r["question_id"], r["turn"])] = r
+    turns = [t for t in by_method[a] if t in by_method[b]]
+
+    def tau(method: str, sample: list) -> float:
+        rows = [by_method[method][t] for t in sample]
+        return sum(r["new_tokens"] for r in rows) / sum(r["target_calls"] for r in rows)
+
+    per_turn = [tau(b, [t]) - tau(a, [t]) for t in turns]
+    rng = random.Random(0)
+    gains = sorted(tau(b, s) - tau(a, s) for s in ([rng.choice(turns) for _ in turns] for _ in range(resamples)))
+    low, high = gains[int(0.025 * resamples)], gains[int(0.975 * resamples)]
+    print(f"{len(turns)} turns: tau {tau(a, turns):.3f} -> {tau(b, turns):.3f} ({tau(b, turns) - tau(a, turns):+.3f}); "
+          f"better on {sum(g > 0 for g in per_turn)}, worse on {sum(g < 0 for g in per_turn)}; "
+          f"bootstrap 95% [{low:+.3f}, {high:+.3f}]")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
