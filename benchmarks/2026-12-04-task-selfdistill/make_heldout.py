@@ -9,7 +9,7 @@ import json
 import random
 import sys
 
-from make_prompts import is_prose
+from make_prompts import add_shaped_prompts
 
 from blockdraft.data.sharegpt import load_conversations, split_conversations
 
@@ -18,20 +18,7 @@ def main(out_path: str, per_category: int = 8) -> None:
     rng = random.Random(0)
     _, valid = split_conversations(load_conversations())
     kinds: dict[str, list[str]] = {"summarization": [], "rag": [], "qa": []}
-    for r in valid:
-        turns = [(t.get("from"), str(t.get("value", "")).strip()) for t in r["conversations"]]
-        for i, (who, text) in enumerate(turns):
-            if 700 <= len(text) <= 4000 and is_prose(text):
-                kinds["summarization"].append(f"Summarize: {text}")
-            if who == "human" and 20 <= len(text) <= 100 and text.endswith("?"):
-                kinds["qa"].append(text)
-                replies = [t for w, t in turns[i + 1:i + 4] if w == "gpt" and is_prose(t)]
-                passage = "\n".join(replies)
-                while len(passage) > 3500 and len(replies) > 1:
-                    replies.pop()
-                    passage = "\n".join(replies)
-                if 1500 <= len(passage) <= 3500:
-                    kinds["rag"].append(f"{passage}\n{text}")
+    add_shaped_prompts(valid, kinds)
     with open(out_path, "w") as f:
         for name, prompts in kinds.items():
             prompts = list(dict.fromkeys(prompts))

@@ -45,14 +45,9 @@ def german_sentences(records) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def main(out_path: str) -> None:
-    rng = random.Random(0)
-    train, _ = split_conversations(load_conversations())
-    kinds: dict[str, list[str]] = {"translation": [], "summarization": [], "rag": [], "qa": []}
-    de = german_sentences(train)
-    kinds["translation"] = [f"Translate German to English: {s}" for s in de]
-    kinds["translation"] += [f"Translate German to English: {a} {b}" for a, b in itertools.pairwise(de)]
-    for r in train:
+def add_shaped_prompts(records, kinds: dict[str, list[str]]) -> None:
+    """Append the summarization, QA and RAG prompts that `records` yield to those lists of `kinds`."""
+    for r in records:
         turns = [(t.get("from"), str(t.get("value", "")).strip()) for t in r["conversations"]]
         for i, (who, text) in enumerate(turns):
             if 700 <= len(text) <= 4000 and is_prose(text):
@@ -66,6 +61,16 @@ def main(out_path: str) -> None:
                     passage = "\n".join(replies)
                 if 1500 <= len(passage) <= 3500:
                     kinds["rag"].append(f"{passage}\n{text}")
+
+
+def main(out_path: str) -> None:
+    rng = random.Random(0)
+    train, _ = split_conversations(load_conversations())
+    kinds: dict[str, list[str]] = {"translation": [], "summarization": [], "rag": [], "qa": []}
+    de = german_sentences(train)
+    kinds["translation"] = [f"Translate German to English: {s}" for s in de]
+    kinds["translation"] += [f"Translate German to English: {a} {b}" for a, b in itertools.pairwise(de)]
+    add_shaped_prompts(train, kinds)
     for name, prompts in kinds.items():
         prompts[:] = list(dict.fromkeys(prompts))
         rng.shuffle(prompts)
