@@ -3,7 +3,9 @@
 # translation, summarization, RAG, QA), mixed half and half (by characters) with the last round's self-distilled
 # ShareGPT replies (runs/sd5/sd.jsonl, a replay that keeps what the drafters learned), then fine-tunes of the
 # shipped drafters on the mix, compared on the quick subset and on held-out ShareGPT.
-# Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks
+# train2/heldout2: a longer fine-tune of the pair shipped on 2026-12-05 (dflash's run resumed for 10 more minutes on
+# the same store, then treeflash's module fine-tuned from the shipped one on it), compared with that pair.
+# Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -67,5 +69,19 @@ heldout-tasks)
   blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods ar,dflash,dflash:checkpoint=$W/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$W/dflash:module=$W/treeflash,bpd,bpd:checkpoint=$W/bpd,hydra,hydra:checkpoint=$W/bpd:module=$W/hydra \
     --out $D/heldout-tasks
+  ;;
+train2)
+  mkdir -p runs/task2
+  cp -r $W/dflash runs/task2/dflash   # the shipped dflash's run, with its resume state
+  blockdraft train --resume runs/task2/dflash --max-minutes 20
+  blockdraft train --data $W/mix.jsonl --store runs/store-task --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 \
+    --drafter treeflash --init runs/task2/dflash --init-module $CK/treeflash --max-minutes 10 --out runs/task2/treeflash
+  ;;
+heldout2)
+  M=ar,dflash,dflash:checkpoint=runs/task2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task2/dflash:module=runs/task2/treeflash
+  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile --methods $M \
+    --out $D/run2-heldout60
+  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile --methods $M \
+    --out $D/run2-heldout-tasks
   ;;
 esac
