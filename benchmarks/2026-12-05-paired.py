@@ -1,5 +1,6 @@
 """Paired comparison of two methods in one bench run: tau over all turns, per-turn wins, and a bootstrap 95%
-interval of the tau gain over resampled turns. Usage: python 2026-12-05-paired.py RESULTS.json METHOD_A METHOD_B"""
+interval of the tau gain over resampled turns. Usage: python 2026-12-05-paired.py RESULTS.json METHOD_A METHOD_B
+(RESULTS.json,OTHER.json pools the turns of several runs of the same two methods, e.g. two held-out sets)"""
 
 import json
 import random
@@ -9,8 +10,9 @@ from collections import defaultdict
 
 def main(path: str, a: str, b: str, resamples: int = 2000) -> None:
     by_method = defaultdict(dict)
-    for r in json.load(open(path))["records"]:
-        by_method[r["method"]][(r["question_id"], r["turn"])] = r
+    for file in path.split(","):
+        for r in json.load(open(file))["records"]:
+            by_method[r["method"]][(file, r["question_id"], r["turn"])] = r
     turns = [t for t in by_method[a] if t in by_method[b]]
 
     def tau(method: str, sample: list) -> float:

@@ -5,7 +5,10 @@
 # shipped drafters on the mix, compared on the quick subset and on held-out ShareGPT.
 # train2/heldout2: a longer fine-tune of the pair shipped on 2026-12-05 (dflash's run resumed for 10 more minutes on
 # the same store, then treeflash's module fine-tuned from the shipped one on it), compared with that pair.
+# r2-*: a second round from the shipped (round-1) pair: replies to the next prompts of the same list, mixed with the
+# replay the same way, and fine-tunes of the shipped dflash and treeflash on them, compared on both held-out sets.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
+#                    | r2-sd | r2-train | r2-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -18,22 +21,7 @@ sd)
     --max-tokens 3000000 --max-minutes 35 --threads 2
   ;;
 mix)
-  python - <<'PY'
-import json, random
-from blockdraft.data.sharegpt import load_conversations
-def chars(r): return sum(len(t["value"]) for t in r["conversations"])
-task, replay = list(load_conversations("runs/task/sd.jsonl")), list(load_conversations("runs/sd5/sd.jsonl"))
-random.Random(0).shuffle(replay)
-budget, mix = sum(map(chars, task)), list(task)
-for r in replay:
-    if budget <= 0:
-        break
-    mix.append(r)
-    budget -= chars(r)
-with open("runs/task/mix.jsonl", "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in mix)
-print(f"{len(task)} task conversations + {len(mix) - len(task)} replayed ones")
-PY
+  python $D/mix.py $W/mix.jsonl $W/sd.jsonl
   ;;
 train)
   # the first command builds the feature stores runs/store-task(-valid) from the mix
@@ -83,5 +71,27 @@ heldout2)
     --out $D/run2-heldout60
   blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile --methods $M \
     --out $D/run2-heldout-tasks
+  ;;
+r2-sd)
+  mkdir -p runs/task-r2
+  cp $W/sd.jsonl runs/task-r2/sd.jsonl   # round 1's replies, so that their prompts are skipped
+  blockdraft selfdistill runs/task-r2/sd.jsonl --data $W/prompts.jsonl --batch 8 --turns 1 --max-prompt-tokens 1100 \
+    --max-tokens 3000000 --max-minutes 35 --threads 2
+  tail -n +$(($(wc -l < $W/sd.jsonl) + 1)) runs/task-r2/sd.jsonl > runs/task-r2/new.jsonl   # this round's replies
+  python $D/mix.py runs/task-r2/mix.jsonl runs/task-r2/new.jsonl
+  ;;
+r2-train)
+  run() { blockdraft train --data runs/task-r2/mix.jsonl --store runs/store-task-r2 --max-tokens 1200000 --lr 3e-4 \
+            --epochs 2 --threads 2 "$@"; }
+  run --drafter block --init $CK/dflash --max-minutes 12 --out runs/task-r2/dflash
+  run --drafter treeflash --init runs/task-r2/dflash --init-module $CK/treeflash --max-minutes 12 \
+    --out runs/task-r2/treeflash
+  ;;
+r2-heldout)
+  M=ar,dflash,dflash:checkpoint=runs/task-r2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r2/dflash:module=runs/task-r2/treeflash
+  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile --methods $M \
+    --out $D/r2-heldout-tasks
+  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile --methods $M \
+    --out $D/r2-heldout60
   ;;
 esac
