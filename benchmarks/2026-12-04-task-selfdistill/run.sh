@@ -7,6 +7,7 @@
 # the same store, then treeflash's module fine-tuned from the shipped one on it), compared with that pair.
 # r2-*: a second round from the shipped (round-1) pair: replies to the next prompts of the same list, mixed with the
 # replay the same way, and fine-tunes of the shipped dflash and treeflash on them, compared on both held-out sets.
+# They ran at 1680194: from f5210f1 on, $CK holds round 2's pair, so check out 1680194's checkpoints to redo them.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout
 set -e
