@@ -14,20 +14,29 @@ set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
 W=runs/task
+# the steps' shared commands: replies to the task prompts, a fine-tune on a mix (its store built by the first one),
+# and both held-out benches of METHODS (ShareGPT's first 60 held-out prompts, the 30 task-shaped ones)
+distill() { blockdraft selfdistill "$1" --data $W/prompts.jsonl --batch 8 --turns 1 --max-prompt-tokens 1100 \
+              --max-tokens 3000000 --max-minutes 35 --threads 2; }
+finetune() { local mix=$1 store=$2; shift 2
+             blockdraft train --data $mix --store $store --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 "$@"; }
+both_heldout() { local methods=$1 prefix=$2
+  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $methods --out ${prefix}heldout60
+  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $methods --out ${prefix}heldout-tasks; }
 case $1 in
 sd)
   mkdir -p $W
   python $D/make_prompts.py $W/prompts.jsonl
-  blockdraft selfdistill $W/sd.jsonl --data $W/prompts.jsonl --batch 8 --turns 1 --max-prompt-tokens 1100 \
-    --max-tokens 3000000 --max-minutes 35 --threads 2
+  distill $W/sd.jsonl
   ;;
 mix)
   python $D/mix.py $W/mix.jsonl $W/sd.jsonl
   ;;
 train)
   # the first command builds the feature stores runs/store-task(-valid) from the mix
-  run() { blockdraft train --data $W/mix.jsonl --store runs/store-task --max-tokens 1200000 --lr 3e-4 --epochs 2 \
-            --threads 2 "$@"; }
+  run() { finetune $W/mix.jsonl runs/store-task "$@"; }
   run --drafter block --init $CK/dflash --max-minutes 10 --out $W/dflash
   run --drafter treeflash --init $W/dflash --init-module $CK/treeflash --max-minutes 10 --out $W/treeflash
   run --drafter heads --init $CK/bpd --max-minutes 6 --out $W/bpd
@@ -35,8 +44,8 @@ train)
   ;;
 hydra-module)
   # hydra's module alone fine-tuned on the same store, on the shipped bpd heads, then both benches for it
-  blockdraft train --data $W/mix.jsonl --store runs/store-task --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 \
-    --drafter treeflash --init $CK/bpd --init-module $CK/hydra --max-minutes 7 --out $W/hydra-module
+  finetune $W/mix.jsonl runs/store-task --drafter treeflash --init $CK/bpd --init-module $CK/hydra --max-minutes 7 \
+    --out $W/hydra-module
   blockdraft bench --questions sharegpt --per-category 20 --max-new-tokens 128 --threads 2 --no-compile \
     --methods ar,hydra,hydra:module=$W/hydra-module --out $D/hydra-module-heldout
   blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 --no-compile \
@@ -63,36 +72,28 @@ train2)
   mkdir -p runs/task2
   cp -r $W/dflash runs/task2/dflash   # the shipped dflash's run, with its resume state
   blockdraft train --resume runs/task2/dflash --max-minutes 20
-  blockdraft train --data $W/mix.jsonl --store runs/store-task --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 \
-    --drafter treeflash --init runs/task2/dflash --init-module $CK/treeflash --max-minutes 10 --out runs/task2/treeflash
+  finetune $W/mix.jsonl runs/store-task --drafter treeflash --init runs/task2/dflash --init-module $CK/treeflash \
+    --max-minutes 10 --out runs/task2/treeflash
   ;;
 heldout2)
-  M=ar,dflash,dflash:checkpoint=runs/task2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task2/dflash:module=runs/task2/treeflash
-  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile --methods $M \
-    --out $D/run2-heldout60
-  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile --methods $M \
-    --out $D/run2-heldout-tasks
+  both_heldout ar,dflash,dflash:checkpoint=runs/task2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task2/dflash:module=runs/task2/treeflash \
+    $D/run2-
   ;;
 r2-sd)
   mkdir -p runs/task-r2
   cp $W/sd.jsonl runs/task-r2/sd.jsonl   # round 1's replies, so that their prompts are skipped
-  blockdraft selfdistill runs/task-r2/sd.jsonl --data $W/prompts.jsonl --batch 8 --turns 1 --max-prompt-tokens 1100 \
-    --max-tokens 3000000 --max-minutes 35 --threads 2
+  distill runs/task-r2/sd.jsonl
   tail -n +$(($(wc -l < $W/sd.jsonl) + 1)) runs/task-r2/sd.jsonl > runs/task-r2/new.jsonl   # this round's replies
   python $D/mix.py runs/task-r2/mix.jsonl runs/task-r2/new.jsonl
   ;;
 r2-train)
-  run() { blockdraft train --data runs/task-r2/mix.jsonl --store runs/store-task-r2 --max-tokens 1200000 --lr 3e-4 \
-            --epochs 2 --threads 2 "$@"; }
+  run() { finetune runs/task-r2/mix.jsonl runs/store-task-r2 "$@"; }
   run --drafter block --init $CK/dflash --max-minutes 12 --out runs/task-r2/dflash
   run --drafter treeflash --init runs/task-r2/dflash --init-module $CK/treeflash --max-minutes 12 \
     --out runs/task-r2/treeflash
   ;;
 r2-heldout)
-  M=ar,dflash,dflash:checkpoint=runs/task-r2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r2/dflash:module=runs/task-r2/treeflash
-  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile --methods $M \
-    --out $D/r2-heldout-tasks
-  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile --methods $M \
-    --out $D/r2-heldout60
+  both_heldout ar,dflash,dflash:checkpoint=runs/task-r2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r2/dflash:module=runs/task-r2/treeflash \
+    $D/r2-
   ;;
 esac
