@@ -43,9 +43,9 @@ class TableDrafter(Drafter):
     name = "table"
 
     def __init__(self, logits: torch.Tensor, depth: int = 3, budget: int = 6, sample: bool = True,
-                 parents: int = V, more_rows: bool = False, draws: int = 0):
+                 parents: int = V, more_rows: bool = False):
         self.logp = torch.log_softmax(logits, -1)
-        self.depth, self.budget, self.sample, self.draws = depth, budget, sample, draws
+        self.depth, self.budget, self.sample = depth, budget, sample
         self.parents, self.more_rows = parents, more_rows  # tables for the first `parents` tokens only
 
     def rows(self, tokens, depth):
@@ -65,30 +65,11 @@ class TableDrafter(Drafter):
         if not self.sample:
             return tree
         return sampled_tree(tree, scores, lattice, ctx.temperature, ctx.generator, V, parents, top.indices,
-                            top.values, self.rows if self.more_rows else None, self.draws)[0]
+                            top.values, self.rows if self.more_rows else None)[0]
 
 
 # a drafter that is close to the target but not equal to it: children get rejected, so siblings matter
 DRAFT_TABLE = TABLE + torch.randn(V, V, generator=torch.Generator().manual_seed(11))
-
-
-class FullRowForDrawnChild(Drafter):
-    """The bug for `draws`: a drawn child reports its node's whole row, as if the top tokens beside it were
-    still in the support it was drawn from."""
-
-    name = "full-row-q"
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def propose(self, ctx):
-        tree = self.inner.propose(ctx)
-        q = tree.q.clone()
-        for node, kids in enumerate(tree.children):
-            drawn = [c for c in kids if not torch.isnan(q[c, 0])]
-            if drawn and len(drawn) < len(kids):  # the row of this node's token in the tables (every token has one)
-                q[drawn[0]] = self.inner.logp[int(tree.tokens[node])].exp()
-        return DraftTree(tree.tokens, tree.parents, q)
 
 
 class WithReplacementQ(Drafter):
@@ -125,10 +106,9 @@ def markov_counts(drafter, params, n, seed=0):
     return counts, accepted
 
 
-def marginal_tree(seed=0, budget=7, draft_temp=1.0, draws=0):
+def marginal_tree(seed=0, budget=7, draft_temp=1.0):
     logp = torch.randn(4, V, generator=torch.Generator().manual_seed(seed))
-    return TreeDrafter(FixedLattice(logp), "best", budget, sample=True, vocab_size=V, draft_temp=draft_temp,
-                       draws=draws)
+    return TreeDrafter(FixedLattice(logp), "best", budget, sample=True, vocab_size=V, draft_temp=draft_temp)
 
 
 def test_sampled_tree_rows_are_the_draw_sequence():
@@ -162,18 +142,14 @@ def test_at_temperature_zero_the_tree_is_the_deterministic_one():
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=4, top_p=0.9)])
-@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper", "tables-rows-on-demand",
-                                  "marginal-one-draw", "tables-one-draw"])
+@pytest.mark.parametrize("kind", ["marginal", "tables", "marginal-drawn-sharper", "tables-rows-on-demand"])
 def test_sampled_trees_sample_the_target_distribution(kind, params):
-    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5), for
-    rows computed on demand for drawn tokens that have no table row (their q depends on the draws above), and
-    for nodes whose top tokens are kept deterministically beside one drawn child (draws=1)."""
+    """Exact for any q, so also for children drawn at half the decoder's temperature (draft_temp=0.5), and
+    for rows computed on demand for drawn tokens that have no table row (their q depends on the draws above)."""
     n = 12000
     drafter = {"marginal": lambda: marginal_tree(), "tables": lambda: TableDrafter(DRAFT_TABLE),
                "marginal-drawn-sharper": lambda: marginal_tree(draft_temp=0.5),
-               "tables-rows-on-demand": lambda: TableDrafter(DRAFT_TABLE, parents=2, more_rows=True),
-               "marginal-one-draw": lambda: marginal_tree(budget=9, draws=1),
-               "tables-one-draw": lambda: TableDrafter(DRAFT_TABLE, budget=9, draws=1)}[kind]()
+               "tables-rows-on-demand": lambda: TableDrafter(DRAFT_TABLE, parents=2, more_rows=True)}[kind]()
     counts, _ = markov_counts(drafter, params, n)
     assert chi_square_p(counts, markov_expected(params, TABLE), n) > 0.01
 
@@ -191,64 +167,6 @@ def test_with_replacement_q_on_draws_without_replacement_fails_the_same_test():
     params = SamplingParams(1.0)
     counts, _ = markov_counts(WithReplacementQ(TableDrafter(DRAFT_TABLE)), params, n)
     assert chi_square_p(counts, markov_expected(params, TABLE), n) < 1e-4
-
-
-def test_a_drawn_child_reporting_its_whole_row_fails_the_same_test():
-    """Negative control for draws=1: the drawn child's q must leave out the top tokens kept beside it."""
-    n = 12000
-    params = SamplingParams(1.0)
-    counts, _ = markov_counts(FullRowForDrawnChild(TableDrafter(DRAFT_TABLE, budget=9, draws=1)), params, n)
-    assert chi_square_p(counts, markov_expected(params, TABLE), n) < 1e-4
-
-
-def test_one_draw_keeps_the_top_tokens_and_draws_the_last_child_outside_them():
-    drafter = marginal_tree(budget=12, draws=1)
-    plain = TreeDrafter(drafter.base, "best", 12).propose(DraftContext([0], None, 8))
-    full = torch.from_numpy(tempered(drafter.base.logp.numpy(), 1.0)).float()
-    gen = torch.Generator().manual_seed(4)
-    for _ in range(10):
-        tree = drafter.propose(DraftContext([0], None, 8, None, 1.0, gen))
-        assert tree.parents.tolist() == plain.parents.tolist()
-        kids = tree.children[0]
-        assert len(kids) > 1
-        assert tree.tokens[kids[:-1]].tolist() == plain.tokens[plain.children[0][:-1]].tolist()
-        assert torch.isnan(tree.q[kids[:-1]]).all()
-        expected = full[0].clone()
-        expected[tree.tokens[kids[:-1]]] = 0
-        assert torch.allclose(tree.q[kids[-1]], expected / expected.sum(), atol=1e-6)
-    with pytest.raises(BlockdraftError, match="draws must be 0"):
-        marginal_tree(draws=-1)
-    with pytest.raises(BlockdraftError, match="sampled trees only"):
-        TreeDrafter(drafter.base, "best", 12, draws=1)
-
-
-def test_one_draw_at_a_node_accepts_what_the_top_tokens_and_the_overlap_allow():
-    """k children, the k - 1 top tokens T of q kept and one drawn from q' (q without T): verifying the drawn
-    child first accepts p(T) + sum_{x not in T} min(p(x), q'(x)); top tokens first would accept only
-    p(T) + (1 - p(T)) * sum min(p'(x), q'(x)), p' = p without T renormalised."""
-    k, n = 3, 20000
-    logq = torch.randn(1, V, generator=torch.Generator().manual_seed(1))
-    logits = torch.randn(V, generator=torch.Generator().manual_seed(2)) * 1.5
-    top = torch.log_softmax(logq, -1).topk(V, -1)
-    lattice = DraftLattice(top.indices, top.values)
-    shape = DraftTree(torch.tensor([0] + top.indices[0, :k].tolist()), torch.tensor([-1] + [0] * k))
-    p, q = torch.softmax(logits, -1), torch.softmax(logq[0], -1)
-    kept = top.indices[0, : k - 1]
-    rest = q.clone()
-    rest[kept] = 0
-    rest /= rest.sum()
-    outside = torch.ones(V, dtype=torch.bool)
-    outside[kept] = False
-    p_top = float(p[kept].sum())
-    best = p_top + float(torch.minimum(p, rest)[outside].sum())
-    top_first = p_top + (1 - p_top) * float(torch.minimum(p / (1 - p_top), rest)[outside].sum())
-    assert best - top_first > 0.03  # over 8 standard errors at this n: the two orders are told apart
-    gen, acceptor = torch.Generator().manual_seed(3), RejectionAcceptor(SamplingParams(1.0))
-    accepted = 0
-    for _ in range(n):
-        tree, _ = sampled_tree(shape, [0.0] * k, lattice, 1.0, gen, V, draws=1)
-        accepted += acceptor.choose(tree, 0, logits, gen)[0] is not None
-    assert abs(accepted / n - best) < 4 * (best * (1 - best) / n) ** 0.5
 
 
 def test_sampled_children_accept_more_than_deterministic_ones():

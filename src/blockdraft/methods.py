@@ -121,14 +121,14 @@ def tree_method(base: str, builder: str, budget: int = 16) -> Callable[..., Draf
     """Factory for a tree method: budget=B (draft nodes), prior=A (weight of the shipped n-gram LM
     in best-first scores, 0 = off), lm=DIR (another n-gram LM), plus the base drafter's options."""
     def factory(target: Target, budget: int | str = budget, prior: float = 0.0, lm: str | None = None,
-                sample: bool = False, draft_temp: float = 1.0, draws: int = 0, **options) -> Drafter:
+                sample: bool = False, draft_temp: float = 1.0, **options) -> Drafter:
         from .trees.budget import cost_curve
         from .trees.drafter import TreeDrafter
 
         ngram = shipped_rescorer(target, "ngram", lm) if prior > 0 else None
         curve = cost_curve(target) if budget == "auto" else None
         return TreeDrafter(METHODS[base][0](target, **options), builder, budget, ngram, prior, cost_curve=curve,
-                           sample=sample, vocab_size=target.vocab_size, draft_temp=draft_temp, draws=draws)
+                           sample=sample, vocab_size=target.vocab_size, draft_temp=draft_temp)
     return factory
 
 
@@ -136,14 +136,13 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
     """Factory for a parent-conditioned tree method: the base drafter (its options) + its AR-approximation
     module (`module=DIR`), best-first over transition tables; budget=, parents= (M), children= (K);
     sample=1: at T > 0 children are sampled from the module's distribution, with q (trees/sampled.py), drawn at
-    draft_temp= times the decoder's temperature (default 1), draws=N of each node's children drawn and the rest its
-    row's top tokens (0 = all drawn); columns=N: children only among each depth's N
+    draft_temp= times the decoder's temperature (default 1); columns=N: children only among each depth's N
     likeliest marginal tokens (default 128; 0: the whole draft vocabulary).
     The budget defaults to 'auto': sized per step by the cost curve at the current context length, which on
     held-out ShareGPT matched a fixed 16 nodes and at long contexts kept the trees ahead of `ar`."""
     def factory(target: Target, module: str | None = None, budget: int | str = "auto", parents: int = 8,
                 children: int = 8, sample: bool = False, draft_temp: float = 1.0, columns: int | None = None,
-                draws: int = 0, **options) -> Drafter:
+                **options) -> Drafter:
         from .drafters.treeflash import TreeFlashDrafter
         from .trees.budget import cost_curve
 
@@ -152,7 +151,7 @@ def ar_tree(base: str, method: str, train_as: str) -> Callable[..., Drafter]:
         curve = cost_curve(target) if budget == "auto" else None
         return TreeFlashDrafter.from_pretrained(folder, target, drafter, budget=budget, parents=parents,
                                                 children=children, cost_curve=curve, sample=sample,
-                                                draft_temp=draft_temp, draws=draws,
+                                                draft_temp=draft_temp,
                                                 **({} if columns is None else {"columns": columns}))
     return factory
 

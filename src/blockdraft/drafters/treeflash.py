@@ -27,7 +27,7 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from ..trees.budget import CostCurve, keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
-from ..trees.sampled import checked_draws, drafting_generator, sampled_tree
+from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
 from .checkpoint import load_checkpoint, load_weights, save_drafter
 
@@ -78,8 +78,7 @@ class TreeFlashDrafter(Drafter):
     its top SAMPLE_SUPPORT tokens) at the decoder's temperature, with q reported for multi-draft
     rejection (trees/sampled.py). `draft_temp` scales the temperature the children are drawn at (1 = the
     decoder's): any q keeps the output exact, and a drafter whose distribution is flatter or sharper than
-    the target's accepts more when drawn at another temperature. `draws=N` draws only each node's last N
-    children; the others are the row's top tokens (0: all drawn; trees/sampled.py).
+    the target's accepts more when drawn at another temperature.
 
     `columns=N`: the transition rows are read over each depth's N likeliest marginal tokens only (`_rows`; 0 = the
     whole draft vocabulary)."""
@@ -91,7 +90,7 @@ class TreeFlashDrafter(Drafter):
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
                  children: int = 8, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
-                 vocab_size: int | None = None, draft_temp: float = 1.0, columns: int = COLUMNS, draws: int = 0):
+                 vocab_size: int | None = None, draft_temp: float = 1.0, columns: int = COLUMNS):
         cost_curve = CostCurve.of(cost_curve)
         budget = node_budget(budget, cost_curve)  # budget 'auto': build to the curve's largest B, keep the best
         if parents < 1 or children < 1:
@@ -103,7 +102,6 @@ class TreeFlashDrafter(Drafter):
         if not draft_temp > 0:
             raise BlockdraftError(f"draft_temp must be positive, got {draft_temp}")
         self.sample, self.vocab_size, self.draft_temp = sample, vocab_size, draft_temp
-        self.draws = checked_draws(draws, sample)
         if isinstance(columns, bool) or not isinstance(columns, int) or columns < 0:
             raise BlockdraftError(f"columns must be 0 (the whole draft vocabulary) or a positive number of tokens, "
                                   f"got {columns!r}")
@@ -201,5 +199,5 @@ class TreeFlashDrafter(Drafter):
             tree = keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
             tree, scores = sampled_tree(tree, scores[: len(tree) - 1], lattice, ctx.temperature * self.draft_temp,
                                         drafting_generator(ctx), self.vocab_size, parents, tokens, logp,
-                                        lambda ids, depth: self.rows_for(ids, depth, tokens.shape[-1]), self.draws)
+                                        lambda ids, depth: self.rows_for(ids, depth, tokens.shape[-1]))
         return tree, scores

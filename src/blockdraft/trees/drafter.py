@@ -6,7 +6,7 @@ from ..drafters.base import DraftContext, Drafter
 from ..errors import BlockdraftError
 from .budget import CostCurve, keep_best, node_budget
 from .builders import DEFAULT_STATIC_PATHS, best_first_tree, static_tree
-from .sampled import checked_draws, drafting_generator, sampled_tree
+from .sampled import drafting_generator, sampled_tree
 from .tree import DraftTree
 
 BUILDERS = ("static", "best")
@@ -24,12 +24,11 @@ class TreeDrafter(Drafter):
     drawn from the depth's temperature-adjusted marginal without replacement, and their q is reported
     (trees/sampled.py); at T = 0 the tree is the deterministic one. `vocab_size` (the target's) sizes q.
     `draft_temp` scales the temperature the children are drawn at (1 = the decoder's; any q stays exact).
-    `draws=N` draws only each node's last N children, the others being the marginal's top tokens (0: all drawn).
     """
 
     def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
                  paths=DEFAULT_STATIC_PATHS, cost_curve: CostCurve | dict[int, float] | None = None,
-                 sample: bool = False, vocab_size: int | None = None, draft_temp: float = 1.0, draws: int = 0):
+                 sample: bool = False, vocab_size: int | None = None, draft_temp: float = 1.0):
         if builder not in BUILDERS:
             raise BlockdraftError(f"tree builder must be one of {', '.join(BUILDERS)}, got '{builder}'")
         if cost_curve is not None and builder != "best":
@@ -47,7 +46,6 @@ class TreeDrafter(Drafter):
         if not draft_temp > 0:
             raise BlockdraftError(f"draft_temp must be positive, got {draft_temp}")
         self.sample, self.vocab_size, self.draft_temp = sample, vocab_size, draft_temp
-        self.draws = checked_draws(draws, sample)
         self.feature_layers = base.feature_layers
 
     def reset(self, prompt_ids) -> None:
@@ -80,5 +78,5 @@ class TreeDrafter(Drafter):
             # draw only the nodes that will be sent: the budget 'auto' cut depends on the shape's scores alone
             tree = keep_best(tree, scores, self.cost_curve, len(ctx.tokens))
             tree, scores = sampled_tree(tree, scores[: len(tree) - 1], lattice, ctx.temperature * self.draft_temp,
-                                        drafting_generator(ctx), self.vocab_size, draws=self.draws)
+                                        drafting_generator(ctx), self.vocab_size)
         return tree, scores

@@ -15,15 +15,6 @@ drafter would build (fixed before drawing), and only its tokens are drawn. (A fi
 tree best first over the drawn tokens' q, which keeps unlikely draws less often than likely ones: the
 chi-square test caught the bias at p = 1e-72.)
 
-`draws=N` draws only a node's last N children and makes its others the row's likeliest tokens, in order
-(deterministic, q = one-hot); the N drawn ones come from q with those tokens removed (Hu et al., ICLR 2025,
-"Towards optimal multi-draft speculative decoding": their greedy draft, N = 1). The verifier visits the drawn
-children first (RejectionAcceptor): a drawn x ~ q' is kept with probability min(1, p(x) / q'(x)), and after a
-rejection each top token t is kept with the residual's r(t), so a node of k children accepts
-p(T) + sum over x outside T of min(p(x), q'(x)), T its k - N top tokens. That is the most any verifier can
-accept from these drafts; a deterministic node accepts p(T) + p(its k-th token), and a node of one child
-accepts sum min(p, q) either way.
-
 The support of q is what the drafter hands over: a depth's top-k (marginal lattices) or a parent's
 top-K children (TreeFlash's transition tables), renormalised. A smaller support only lowers
 acceptance; it never makes the output inexact.
@@ -37,23 +28,12 @@ import numpy as np
 import torch
 
 from ..drafters.lattice import DraftLattice
-from ..errors import BlockdraftError
 from .tree import DraftTree
 
 
 def drafting_generator(ctx) -> torch.Generator:
     """The decoder's generator (so a seeded run drafts reproducibly), or torch's default one."""
     return ctx.generator if ctx.generator is not None else torch.default_generator
-
-
-def checked_draws(draws, sample: bool) -> int:
-    """`draws` as given to a drafter: 0 (every child drawn) or how many of each node's children are drawn,
-    which only a sampling drafter does."""
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 0:
-        raise BlockdraftError(f"draws must be 0 (every child drawn) or a positive number of children, got {draws!r}")
-    if draws and not sample:
-        raise BlockdraftError("draws= applies to sampled trees only: add sample=1")
-    return draws
 
 
 def tempered(logp: np.ndarray, temperature: float) -> np.ndarray:
@@ -64,24 +44,19 @@ def tempered(logp: np.ndarray, temperature: float) -> np.ndarray:
     return p / p.sum(-1, keepdims=True)
 
 
-def draw_order(prob: np.ndarray, count: int, generator: torch.Generator, draws: int = 0) -> list[int]:
-    """`count` support indices: the likeliest count - draws of them in order (all drawn when draws is 0), then
-    the rest drawn one after another without replacement from `prob` (Gumbel-top-k: the order of log p +
-    Gumbel noise is the order of sequential draws)."""
+def draw_order(prob: np.ndarray, count: int, generator: torch.Generator) -> list[int]:
+    """`count` support indices drawn one after another without replacement from `prob` (Gumbel-top-k:
+    the order of log p + Gumbel noise is the order of sequential draws)."""
     count = min(count, int((prob > 0).sum()))
-    top = np.argsort(-prob, kind="stable")[: max(0, count - draws)] if draws else np.zeros(0, dtype=np.int64)
-    if len(top):
-        prob = prob.copy()
-        prob[top] = 0.0
     u = torch.rand(len(prob), generator=generator, dtype=torch.float64).numpy()
     with np.errstate(divide="ignore"):
         keys = np.log(prob) - np.log(-np.log(np.clip(u, 1e-300, 1.0)))
-    return top.tolist() + np.argsort(-keys, kind="stable")[: count - len(top)].tolist()
+    return np.argsort(-keys, kind="stable")[:count].tolist()
 
 
 def sampled_tree(shape: DraftTree, shape_scores: list[float], lattice: DraftLattice, temperature: float,
                  generator: torch.Generator, vocab_size: int, parents=None, tokens=None, logp=None,
-                 more_rows: Callable | None = None, draws: int = 0) -> tuple[DraftTree, list[float]]:
+                 more_rows: Callable | None = None) -> tuple[DraftTree, list[float]]:
     """`shape`'s nodes refilled with sampled drafts, with q filled in; returns it and the shape scores of
     the nodes it kept (best first, for `keep_best`).
 
@@ -94,8 +69,7 @@ def sampled_tree(shape: DraftTree, shape_scores: list[float], lattice: DraftLatt
     (at T = 1, 57% of TreeFlash's depth-1 nodes with children on held-out ShareGPT), so `more_rows(tokens,
     d)` -> (token ids [n, K], log-probs [n, K]) computes the missing rows of a depth in one call; without it,
     or without tables, the lattice's marginal top-k of depth d is the row. A row with fewer tokens than the
-    shape asks for drops the rest of that node's subtree. `draws=N`: only each node's last N children are drawn,
-    the others are the row's top tokens (the module docstring); 0 draws them all.
+    shape asks for drops the rest of that node's subtree.
     """
     marg_tok, marg_q = lattice.tokens.numpy(), tempered(lattice.logp.float().numpy(), temperature)
     par = parents.tolist() if parents is not None else None
@@ -104,7 +78,7 @@ def sampled_tree(shape: DraftTree, shape_scores: list[float], lattice: DraftLatt
 
     shape_parents, depth = shape.parents.tolist(), shape.depth.tolist()
     drawn: list[int | None] = [int(shape.tokens[0])] + [None] * (len(shape) - 1)  # shape node -> token or None
-    node_draws: dict[int, tuple] = {}  # shape node -> (support, q, order, how many top tokens lead it) of its children
+    draws: dict[int, tuple] = {}  # shape node -> (support, q, draw order) of its children
     for d in range(1, max(depth) + 1):
         holders = [v for v, kids in enumerate(shape.children) if kids and depth[v] == d - 1 and drawn[v] is not None]
         rows = {}
@@ -118,8 +92,8 @@ def sampled_tree(shape: DraftTree, shape_scores: list[float], lattice: DraftLatt
             rows.update(zip(missing, zip(ids, tempered(row_logp, temperature), strict=True), strict=True))
         for v in holders:
             support, q = rows.get(v, (marg_tok[d - 1], marg_q[d - 1]))
-            order = draw_order(q, len(shape.children[v]), generator, draws)
-            node_draws[v] = support, q, order, max(0, len(order) - draws) if draws else 0
+            order = draw_order(q, len(shape.children[v]), generator)
+            draws[v] = support, q, order
             for i, c in enumerate(shape.children[v][: len(order)]):
                 drawn[c] = int(support[order[i]])
 
@@ -135,22 +109,19 @@ def sampled_tree(shape: DraftTree, shape_scores: list[float], lattice: DraftLatt
         out_parents.append(new_index[v])
         sibling_index.append(shape.children[v].index(c))
         kept_scores.append(shape_scores[c - 1])
-    tree_draws = {new_index[v]: draw for v, draw in node_draws.items() if v in new_index}
+    tree_draws = {new_index[v]: draw for v, draw in draws.items() if v in new_index}
     tree = DraftTree(np.asarray(out_tokens), np.asarray(out_parents),
                      _q_rows(out_parents, sibling_index, tree_draws, vocab_size))
     return tree, kept_scores
 
 
 def _q_rows(parents: list[int], sibling_index: list[int], draws: dict, vocab_size: int) -> torch.Tensor:
-    """[n, V] rows: child i of a node gets q with the node's earlier children removed, renormalised; the
-    root's row and a top token's row are NaN (neither was drawn)."""
+    """[n, V] rows: child i of a node gets q with the node's earlier draws removed, renormalised; the
+    root's row is NaN (it is not a draft)."""
     q = torch.zeros(len(parents), vocab_size)
     q[0] = float("nan")
     for c in range(1, len(parents)):
-        support, prob, order, top = draws[parents[c]]
-        if sibling_index[c] < top:
-            q[c] = float("nan")
-            continue
+        support, prob, order = draws[parents[c]]
         p = prob.copy()
         p[order[: sibling_index[c]]] = 0.0
         q[c, torch.from_numpy(support.astype(np.int64))] = torch.from_numpy((p / p.sum()).astype(np.float32))

@@ -32,23 +32,13 @@ class RejectionAcceptor(Acceptor):
     deterministically (argmax, lookup, top-k) has q_c = one-hot(x). With one-hot q this has the
     same acceptance probability as sample-and-walk; with real draft probabilities (a sampling
     drafter) it accepts more.
-
-    Drawn children are visited before deterministic ones (each group in its own order). With a node's top
-    tokens kept deterministically and one child drawn from q without them (trees/sampled.py, `draws`),
-    the drawn child first gets its full min(1, p(x) / q(x)) and the top tokens then keep all of p's mass on
-    them: the most these drafts allow. Visited the other way round, the drawn child would only see p's
-    residual after the top tokens' rejections. Exactness holds in either order: a deterministic child is a
-    draw from its own one-hot q whatever was drawn before it.
     """
 
     name = "rejection"
 
     def choose(self, tree: DraftTree, node: int, logits: torch.Tensor, gen):
         r = self.params.probs(logits)
-        kids = tree.children[node]
-        if tree.q is not None:  # drawn first, then deterministic (sorted is stable)
-            kids = sorted(kids, key=lambda c: bool(torch.isnan(tree.q[c, 0])))
-        for c in kids:
+        for c in tree.children[node]:
             x = int(tree.tokens[c])
             q = None if tree.q is None or torch.isnan(tree.q[c, 0]) else tree.q[c].to(r.device, torch.float32)
             q_x = 1.0 if q is None else float(q[x])
