@@ -3,7 +3,7 @@ import json
 import random
 import sys
 
-from blockdraft.data.sharegpt import load_conversations
+from blockdraft.data.sharegpt import load_conversations, split_conversations
 
 
 def chars(record):
@@ -11,8 +11,13 @@ def chars(record):
 
 
 def main(out, task_file, replay_file="runs/sd5/sd.jsonl"):
-    # the replay keeps what the drafters learned from chat turns while they learn the task shapes
-    task, replay = list(load_conversations(task_file)), list(load_conversations(replay_file))
+    # the replay keeps what the drafters learned from chat turns while they learn the task shapes; 'sharegpt-train'
+    # replays ShareGPT's own training split (written replies, not the target's) where no self-distilled file is left
+    task = list(load_conversations(task_file))
+    if replay_file == "sharegpt-train":
+        replay = list(split_conversations(load_conversations())[0])
+    else:
+        replay = list(load_conversations(replay_file))
     random.Random(0).shuffle(replay)
     budget, mix = sum(map(chars, task)), list(task)
     for r in replay:

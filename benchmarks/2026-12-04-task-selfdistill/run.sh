@@ -8,16 +8,21 @@
 # r2-*: a second round from the shipped (round-1) pair: replies to the next prompts of the same list, mixed with the
 # replay the same way, and fine-tunes of the shipped dflash and treeflash on them, compared on both held-out sets.
 # They ran at 1680194: from f5210f1 on, $CK holds round 2's pair, so check out 1680194's checkpoints to redo them.
+# r3-*: a third round for translation alone, from round 2's pair: make_translation_prompts.py's French, Spanish,
+# Portuguese and Italian prompts (ShareGPT's German is spent), replies mixed half and half with ShareGPT's training
+# split itself (round 1's self-distilled replay was not kept), fine-tunes of dflash and treeflash, and the three
+# held-out sets (ShareGPT, task shapes, translation from the held-out split's Spanish and Portuguese).
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
-#                    | r2-sd | r2-train | r2-heldout
+#                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
 W=runs/task
-# the steps' shared commands: replies to the task prompts, a fine-tune on a mix (its store built by the first one),
+# the steps' shared commands: replies to a prompt file (later options override), a fine-tune on a mix (its store built by the first one),
 # and both held-out benches of METHODS (ShareGPT's first 60 held-out prompts, the 30 task-shaped ones)
-distill() { blockdraft selfdistill "$1" --data $W/prompts.jsonl --batch 8 --turns 1 --max-prompt-tokens 1100 \
-              --max-tokens 3000000 --max-minutes 35 --threads 2; }
+distill() { local out=$1 prompts=$2; shift 2
+            blockdraft selfdistill "$out" --data "$prompts" --batch 8 --turns 1 --max-prompt-tokens 1100 \
+              --max-tokens 3000000 --max-minutes 35 --threads 2 "$@"; }
 finetune() { local mix=$1 store=$2; shift 2
              blockdraft train --data $mix --store $store --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 "$@"; }
 both_heldout() { local methods=$1 prefix=$2
@@ -29,7 +34,7 @@ case $1 in
 sd)
   mkdir -p $W
   python $D/make_prompts.py $W/prompts.jsonl
-  distill $W/sd.jsonl
+  distill $W/sd.jsonl $W/prompts.jsonl
   ;;
 mix)
   python $D/mix.py $W/mix.jsonl $W/sd.jsonl
@@ -82,7 +87,7 @@ heldout2)
 r2-sd)
   mkdir -p runs/task-r2
   cp $W/sd.jsonl runs/task-r2/sd.jsonl   # round 1's replies, so that their prompts are skipped
-  distill runs/task-r2/sd.jsonl
+  distill runs/task-r2/sd.jsonl $W/prompts.jsonl
   tail -n +$(($(wc -l < $W/sd.jsonl) + 1)) runs/task-r2/sd.jsonl > runs/task-r2/new.jsonl   # this round's replies
   python $D/mix.py runs/task-r2/mix.jsonl runs/task-r2/new.jsonl
   ;;
@@ -95,5 +100,23 @@ r2-train)
 r2-heldout)
   both_heldout ar,dflash,dflash:checkpoint=runs/task-r2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r2/dflash:module=runs/task-r2/treeflash \
     $D/r2-
+  ;;
+r3-sd)
+  mkdir -p runs/task-r3
+  (cd $D && python make_translation_prompts.py ../../runs/task-r3/prompts.jsonl heldout_translation.jsonl 30)
+  distill runs/task-r3/sd.jsonl runs/task-r3/prompts.jsonl --max-new-tokens 256 --max-minutes 12
+  python $D/mix.py runs/task-r3/mix.jsonl runs/task-r3/sd.jsonl sharegpt-train
+  ;;
+r3-train)
+  run() { finetune runs/task-r3/mix.jsonl runs/store-task-r3 "$@"; }
+  run --drafter block --init $CK/dflash --max-minutes 8 --out runs/task-r3/dflash
+  run --drafter treeflash --init runs/task-r3/dflash --init-module $CK/treeflash --max-minutes 7 \
+    --out runs/task-r3/treeflash
+  ;;
+r3-heldout)
+  methods=ar,dflash,dflash:checkpoint=runs/task-r3/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r3/dflash:module=runs/task-r3/treeflash
+  blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $methods --out $D/r3-heldout-translation
+  both_heldout $methods $D/r3-
   ;;
 esac
