@@ -18,8 +18,8 @@ set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
 W=runs/task
-# the steps' shared commands: replies to a prompt file (later options override), a fine-tune on a mix (its store built by the first one),
-# and both held-out benches of METHODS (ShareGPT's first 60 held-out prompts, the 30 task-shaped ones)
+# the steps' shared commands: replies to a prompt file (later options override), a fine-tune on a mix (its store
+# built by the first one), and both held-out benches of METHODS (ShareGPT's first 60 held-out prompts, the 30 task-shaped ones)
 distill() { local out=$1 prompts=$2; shift 2
             blockdraft selfdistill "$out" --data "$prompts" --batch 8 --turns 1 --max-prompt-tokens 1100 \
               --max-tokens 3000000 --max-minutes 35 --threads 2 "$@"; }
