@@ -25,6 +25,12 @@ distill() { local out=$1 prompts=$2; shift 2
               --max-tokens 3000000 --max-minutes 35 --threads 2 "$@"; }
 finetune() { local mix=$1 store=$2; shift 2
              blockdraft train --data $mix --store $store --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 "$@"; }
+# a round's pair: dflash fine-tuned from the shipped one on ROUND's mix, then treeflash's module on that dflash
+finetune_pair() { local round=$1 dflash_minutes=$2 module_minutes=$3
+  finetune runs/$round/mix.jsonl runs/store-$round --drafter block --init $CK/dflash --max-minutes $dflash_minutes \
+    --out runs/$round/dflash
+  finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/dflash \
+    --init-module $CK/treeflash --max-minutes $module_minutes --out runs/$round/treeflash; }
 both_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout60
@@ -92,10 +98,7 @@ r2-sd)
   python $D/mix.py runs/task-r2/mix.jsonl runs/task-r2/new.jsonl
   ;;
 r2-train)
-  run() { finetune runs/task-r2/mix.jsonl runs/store-task-r2 "$@"; }
-  run --drafter block --init $CK/dflash --max-minutes 12 --out runs/task-r2/dflash
-  run --drafter treeflash --init runs/task-r2/dflash --init-module $CK/treeflash --max-minutes 12 \
-    --out runs/task-r2/treeflash
+  finetune_pair task-r2 12 12
   ;;
 r2-heldout)
   both_heldout ar,dflash,dflash:checkpoint=runs/task-r2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r2/dflash:module=runs/task-r2/treeflash \
@@ -108,10 +111,7 @@ r3-sd)
   python $D/mix.py runs/task-r3/mix.jsonl runs/task-r3/sd.jsonl sharegpt-train
   ;;
 r3-train)
-  run() { finetune runs/task-r3/mix.jsonl runs/store-task-r3 "$@"; }
-  run --drafter block --init $CK/dflash --max-minutes 8 --out runs/task-r3/dflash
-  run --drafter treeflash --init runs/task-r3/dflash --init-module $CK/treeflash --max-minutes 7 \
-    --out runs/task-r3/treeflash
+  finetune_pair task-r3 8 7
   ;;
 r3-heldout)
   methods=ar,dflash,dflash:checkpoint=runs/task-r3/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r3/dflash:module=runs/task-r3/treeflash
