@@ -19,7 +19,8 @@ D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
 W=runs/task
 # the steps' shared commands: replies to a prompt file (later options override), a fine-tune on a mix (its store
-# built by the first one), and both held-out benches of METHODS (ShareGPT's first 60 held-out prompts, the 30 task-shaped ones)
+# built by the first one), the methods comparing a round's pair with the shipped one, and both held-out benches of
+# METHODS (ShareGPT's first 60 held-out prompts, the 30 task-shaped ones)
 distill() { local out=$1 prompts=$2; shift 2
             blockdraft selfdistill "$out" --data "$prompts" --batch 8 --turns 1 --max-prompt-tokens 1100 \
               --max-tokens 3000000 --max-minutes 35 --threads 2 "$@"; }
@@ -31,6 +32,8 @@ finetune_pair() { local round=$1 dflash_minutes=$2 module_minutes=$3
     --out runs/$round/dflash
   finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/dflash \
     --init-module $CK/treeflash --max-minutes $module_minutes --out runs/$round/treeflash; }
+pair_methods() { local dir=runs/$1
+  echo ar,dflash,dflash:checkpoint=$dir/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$dir/dflash:module=$dir/treeflash; }
 both_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout60
@@ -87,8 +90,7 @@ train2)
     --max-minutes 10 --out runs/task2/treeflash
   ;;
 heldout2)
-  both_heldout ar,dflash,dflash:checkpoint=runs/task2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task2/dflash:module=runs/task2/treeflash \
-    $D/run2-
+  both_heldout $(pair_methods task2) $D/run2-
   ;;
 r2-sd)
   mkdir -p runs/task-r2
@@ -101,12 +103,11 @@ r2-train)
   finetune_pair task-r2 12 12
   ;;
 r2-heldout)
-  both_heldout ar,dflash,dflash:checkpoint=runs/task-r2/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r2/dflash:module=runs/task-r2/treeflash \
-    $D/r2-
+  both_heldout $(pair_methods task-r2) $D/r2-
   ;;
 r3-sd)
   mkdir -p runs/task-r3
-  (cd $D && python make_translation_prompts.py ../../runs/task-r3/prompts.jsonl heldout_translation.jsonl 30)
+  python $D/make_translation_prompts.py runs/task-r3/prompts.jsonl $D/heldout_translation.jsonl 30
   distill runs/task-r3/sd.jsonl runs/task-r3/prompts.jsonl --max-new-tokens 256 --max-minutes 12
   python $D/mix.py runs/task-r3/mix.jsonl runs/task-r3/sd.jsonl sharegpt-train
   ;;
@@ -114,7 +115,7 @@ r3-train)
   finetune_pair task-r3 8 7
   ;;
 r3-heldout)
-  methods=ar,dflash,dflash:checkpoint=runs/task-r3/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=runs/task-r3/dflash:module=runs/task-r3/treeflash
+  methods=$(pair_methods task-r3)
   blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out $D/r3-heldout-translation
   both_heldout $methods $D/r3-
