@@ -12,8 +12,11 @@
 # Portuguese and Italian prompts (ShareGPT's German is spent), replies mixed half and half with ShareGPT's training
 # split itself (round 1's self-distilled replay was not kept), fine-tunes of dflash and treeflash, and the three
 # held-out sets (ShareGPT, task shapes, translation from the held-out split's Spanish and Portuguese).
+# r4-*: round 3 again with the target's own chat replies as the replay: 25 minutes of self-distilled ShareGPT
+# (two turns, written to runs/sd5/sd.jsonl, the file mix.py replays by default), the translation replies regenerated
+# the same way, and the same fine-tunes and held-out sets.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
-#                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout
+#                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -39,6 +42,11 @@ both_heldout() { local methods=$1 prefix=$2
     --methods $methods --out ${prefix}heldout60
   blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout-tasks; }
+# a translation round's three held-out benches: translation first (what the round is for), then both of the above
+translation_heldout() { local methods=$(pair_methods $1) prefix=$2
+  blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $methods --out ${prefix}heldout-translation
+  both_heldout $methods $prefix; }
 case $1 in
 sd)
   mkdir -p $W
@@ -115,9 +123,20 @@ r3-train)
   finetune_pair task-r3 8 7
   ;;
 r3-heldout)
-  methods=$(pair_methods task-r3)
-  blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $methods --out $D/r3-heldout-translation
-  both_heldout $methods $D/r3-
+  translation_heldout task-r3 $D/r3-
+  ;;
+r4-sd)
+  mkdir -p runs/sd5 runs/task-r4
+  blockdraft selfdistill runs/sd5/sd.jsonl --data sharegpt --batch 8 --turns 2 --max-tokens 3000000 --max-minutes 25 \
+    --threads 2
+  python $D/make_translation_prompts.py runs/task-r4/prompts.jsonl $D/heldout_translation.jsonl 30
+  distill runs/task-r4/sd.jsonl runs/task-r4/prompts.jsonl --max-new-tokens 256 --max-minutes 12
+  python $D/mix.py runs/task-r4/mix.jsonl runs/task-r4/sd.jsonl
+  ;;
+r4-train)
+  finetune_pair task-r4 8 7
+  ;;
+r4-heldout)
+  translation_heldout task-r4 $D/r4-
   ;;
 esac
