@@ -14,7 +14,8 @@
 # held-out sets (ShareGPT, task shapes, translation from the held-out split's Spanish and Portuguese).
 # r4-*: round 3 again with the target's own chat replies as the replay: 25 minutes of self-distilled ShareGPT
 # (two turns, written to runs/sd5/sd.jsonl, the file mix.py replays by default), the translation replies regenerated
-# the same way, and the same fine-tunes and held-out sets.
+# the same way, and the same fine-tunes and held-out sets. They ran at f2b7bd8: from 48dcf3b on, $CK holds round 4's
+# pair, so check out f2b7bd8's checkpoints to redo them.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 set -e
