@@ -16,8 +16,15 @@
 # (two turns, written to runs/sd5/sd.jsonl, the file mix.py replays by default), the translation replies regenerated
 # the same way, and the same fine-tunes and held-out sets. They ran at f2b7bd8: from 48dcf3b on, $CK holds round 4's
 # pair, so check out f2b7bd8's checkpoints to redo them.
+# r5-hydra-*: round 4's store and mix for hydra, whose heads and module were last fine-tuned in round 1: bpd's heads
+# from the shipped ones, hydra's module on them, and the three held-out sets against the shipped bpd and hydra.
+# r6-*: German at last, for Spec-Bench's translation questions: make_german_prompts.py's prompts from WMT17's German
+# news sentences (sacrebleu's source distribution), replies mixed half and half with a replay of round 4's mix (its
+# translation replies and the self-distilled chat), fine-tunes of the shipped (round 4) pair, and four held-out sets:
+# WMT17's last German sentences first, then round 4's three.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
+#                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -38,13 +45,21 @@ finetune_pair() { local round=$1 dflash_minutes=$2 module_minutes=$3
     --init-module $CK/treeflash --max-minutes $module_minutes --out runs/$round/treeflash; }
 pair_methods() { local dir=runs/$1
   echo ar,dflash,dflash:checkpoint=$dir/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$dir/dflash:module=$dir/treeflash; }
+# the same for hydra: bpd's heads fine-tuned from the shipped ones, then hydra's module on those heads
+finetune_hydra() { local round=$1 heads_minutes=$2 module_minutes=$3
+  finetune runs/$round/mix.jsonl runs/store-$round --drafter heads --init $CK/bpd --max-minutes $heads_minutes \
+    --out runs/$round/bpd
+  finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/bpd \
+    --init-module $CK/hydra --max-minutes $module_minutes --out runs/$round/hydra; }
+hydra_methods() { local dir=runs/$1
+  echo ar,bpd,bpd:checkpoint=$dir/bpd,hydra,hydra:checkpoint=$dir/bpd:module=$dir/hydra; }
 both_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout60
   blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout-tasks; }
-# a translation round's three held-out benches: translation first (what the round is for), then both of the above
-translation_heldout() { local methods=$(pair_methods $1) prefix=$2
+# a translation round's three held-out benches of METHODS: translation first (what the round is for), then both above
+translation_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout-translation
   both_heldout $methods $prefix; }
@@ -124,7 +139,7 @@ r3-train)
   finetune_pair task-r3 8 7
   ;;
 r3-heldout)
-  translation_heldout task-r3 $D/r3-
+  translation_heldout $(pair_methods task-r3) $D/r3-
   ;;
 r4-sd)
   mkdir -p runs/sd5 runs/task-r4
@@ -138,6 +153,28 @@ r4-train)
   finetune_pair task-r4 8 7
   ;;
 r4-heldout)
-  translation_heldout task-r4 $D/r4-
+  translation_heldout $(pair_methods task-r4) $D/r4-
+  ;;
+r5-hydra-train)
+  finetune_hydra task-r4 8 7
+  ;;
+r5-hydra-heldout)
+  translation_heldout $(hydra_methods task-r4) $D/r5-hydra-
+  ;;
+r6-sd)
+  mkdir -p runs/task-r6
+  python -m pip install -q sacremoses   # the Moses tokenizer, for Spec-Bench's tokenized shape
+  python $D/make_german_prompts.py runs/task-r6/prompts.jsonl $D/heldout_german.jsonl 30
+  distill runs/task-r6/sd.jsonl runs/task-r6/prompts.jsonl --max-new-tokens 256 --max-minutes 12
+  cat runs/task-r4/sd.jsonl runs/sd5/sd.jsonl > runs/task-r6/replay.jsonl
+  python $D/mix.py runs/task-r6/mix.jsonl runs/task-r6/sd.jsonl runs/task-r6/replay.jsonl
+  ;;
+r6-train)
+  finetune_pair task-r6 8 7
+  ;;
+r6-heldout)
+  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $(pair_methods task-r6) --out $D/r6-heldout-german
+  translation_heldout $(pair_methods task-r6) $D/r6-
   ;;
 esac
