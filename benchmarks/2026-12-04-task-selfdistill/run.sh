@@ -22,9 +22,13 @@
 # news sentences (sacrebleu's source distribution), replies mixed half and half with a replay of round 4's mix (its
 # translation replies and the self-distilled chat), fine-tunes of the shipped (round 4) pair, and four held-out sets:
 # WMT17's last German sentences first, then round 4's three.
+# r6b-*: round 6's German replies mixed half and half with the self-distilled chat alone (mix.py's default replay), as
+# round 4 did: round 6's replay was half round 4's translation replies, so chat was a quarter of its mix, and
+# held-out ShareGPT lost a little.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
+#                    | r6b-mix | r6b-train | r6b-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -63,6 +67,11 @@ translation_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout-translation
   both_heldout $methods $prefix; }
+# a German round's four held-out benches: WMT17's held-out German first, then the three above
+german_heldout() { local methods=$(pair_methods $1) prefix=$2
+  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $methods --out ${prefix}heldout-german
+  translation_heldout $methods $prefix; }
 case $1 in
 sd)
   mkdir -p $W
@@ -173,8 +182,16 @@ r6-train)
   finetune_pair task-r6 8 7
   ;;
 r6-heldout)
-  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $(pair_methods task-r6) --out $D/r6-heldout-german
-  translation_heldout $(pair_methods task-r6) $D/r6-
+  german_heldout task-r6 $D/r6-
+  ;;
+r6b-mix)
+  mkdir -p runs/task-r6b
+  python $D/mix.py runs/task-r6b/mix.jsonl runs/task-r6/sd.jsonl
+  ;;
+r6b-train)
+  finetune_pair task-r6b 8 7
+  ;;
+r6b-heldout)
+  german_heldout task-r6b $D/r6b-
   ;;
 esac
