@@ -41,20 +41,18 @@ distill() { local out=$1 prompts=$2; shift 2
               --max-tokens 3000000 --max-minutes 35 --threads 2 "$@"; }
 finetune() { local mix=$1 store=$2; shift 2
              blockdraft train --data $mix --store $store --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 "$@"; }
-# a round's pair: dflash fine-tuned from the shipped one on ROUND's mix, then treeflash's module on that dflash
-finetune_pair() { local round=$1 dflash_minutes=$2 module_minutes=$3
-  finetune runs/$round/mix.jsonl runs/store-$round --drafter block --init $CK/dflash --max-minutes $dflash_minutes \
-    --out runs/$round/dflash
-  finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/dflash \
-    --init-module $CK/treeflash --max-minutes $module_minutes --out runs/$round/treeflash; }
+# a round's base drafter (KIND, checkpoint name BASE) fine-tuned from the shipped one on ROUND's mix, then its tree
+# module (checkpoint name MODULE) fine-tuned from the shipped one on that base
+finetune_base_and_module() { local round=$1 kind=$2 base=$3 module=$4 base_minutes=$5 module_minutes=$6
+  finetune runs/$round/mix.jsonl runs/store-$round --drafter $kind --init $CK/$base --max-minutes $base_minutes \
+    --out runs/$round/$base
+  finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/$base \
+    --init-module $CK/$module --max-minutes $module_minutes --out runs/$round/$module; }
+# dflash and treeflash's module; bpd's heads and hydra's module
+finetune_pair() { finetune_base_and_module $1 block dflash treeflash $2 $3; }
+finetune_hydra() { finetune_base_and_module $1 heads bpd hydra $2 $3; }
 pair_methods() { local dir=runs/$1
   echo ar,dflash,dflash:checkpoint=$dir/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$dir/dflash:module=$dir/treeflash; }
-# the same for hydra: bpd's heads fine-tuned from the shipped ones, then hydra's module on those heads
-finetune_hydra() { local round=$1 heads_minutes=$2 module_minutes=$3
-  finetune runs/$round/mix.jsonl runs/store-$round --drafter heads --init $CK/bpd --max-minutes $heads_minutes \
-    --out runs/$round/bpd
-  finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/bpd \
-    --init-module $CK/hydra --max-minutes $module_minutes --out runs/$round/hydra; }
 hydra_methods() { local dir=runs/$1
   echo ar,bpd,bpd:checkpoint=$dir/bpd,hydra,hydra:checkpoint=$dir/bpd:module=$dir/hydra; }
 both_heldout() { local methods=$1 prefix=$2
