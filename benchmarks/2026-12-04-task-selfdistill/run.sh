@@ -65,8 +65,8 @@ translation_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout-translation
   both_heldout $methods $prefix; }
-# a German round's four held-out benches: WMT17's held-out German first, then the three above
-german_heldout() { local methods=$(pair_methods $1) prefix=$2
+# a German round's four held-out benches of METHODS: WMT17's held-out German first, then the three above
+german_heldout() { local methods=$1 prefix=$2
   blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
     --methods $methods --out ${prefix}heldout-german
   translation_heldout $methods $prefix; }
@@ -180,7 +180,7 @@ r6-train)
   finetune_pair task-r6 8 7
   ;;
 r6-heldout)
-  german_heldout task-r6 $D/r6-
+  german_heldout $(pair_methods task-r6) $D/r6-
   ;;
 r6b-mix)
   mkdir -p runs/task-r6b
@@ -190,6 +190,6 @@ r6b-train)
   finetune_pair task-r6b 8 7
   ;;
 r6b-heldout)
-  german_heldout task-r6b $D/r6b-
+  german_heldout $(pair_methods task-r6b) $D/r6b-
   ;;
 esac
