@@ -25,10 +25,13 @@
 # r6b-*: round 6's German replies mixed half and half with the self-distilled chat alone (mix.py's default replay), as
 # round 4 did: round 6's replay was half round 4's translation replies, so chat was a quarter of its mix, and
 # held-out ShareGPT lost a little.
+# r7-*: both languages' replies together (round 6's German and round 4's Spanish, Portuguese, French and Italian) as the
+# task half, the self-distilled chat as the other half: chat keeps round 4's half share, and German joins the
+# translation replies instead of displacing them. Its store is about twice round 6b's, so the budgets are longer.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
-#                    | r6b-mix | r6b-train | r6b-heldout
+#                    | r6b-mix | r6b-train | r6b-heldout | r7-mix | r7-train | r7-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -191,5 +194,16 @@ r6b-train)
   ;;
 r6b-heldout)
   german_heldout $(pair_methods task-r6b) $D/r6b-
+  ;;
+r7-mix)
+  mkdir -p runs/task-r7
+  cat runs/task-r6/sd.jsonl runs/task-r4/sd.jsonl > runs/task-r7/translation.jsonl
+  python $D/mix.py runs/task-r7/mix.jsonl runs/task-r7/translation.jsonl
+  ;;
+r7-train)
+  finetune_pair task-r7 14 11
+  ;;
+r7-heldout)
+  german_heldout $(pair_methods task-r7) $D/r7-
   ;;
 esac
