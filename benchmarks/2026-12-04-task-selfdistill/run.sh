@@ -28,7 +28,8 @@
 # r7-*: both languages' replies together (round 6's German and round 4's Spanish, Portuguese, French and Italian) as the
 # task half, the self-distilled chat as the other half: chat keeps round 4's half share, and German joins the
 # translation replies instead of displacing them. Its store is about twice round 6b's, so the budgets are longer.
-# They ran at b358d25: from de6ff3f on, $CK holds round 7's pair, so check out b358d25's checkpoints to redo them.
+# Rounds 5 to 7 fine-tuned round 4's pair at b358d25: from de6ff3f on, $CK holds round 7's pair, so check out
+# b358d25's checkpoints to redo them.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
