@@ -30,10 +30,13 @@
 # translation replies instead of displacing them. Its store is about twice round 6b's, so the budgets are longer.
 # Rounds 5 to 7 fine-tuned round 4's pair at b358d25: from de6ff3f on, $CK holds round 7's pair, so check out
 # b358d25's checkpoints to redo them.
+# r8-hydra-*: bpd's heads and hydra's module on round 7's store, one epoch each (its store is twice round 4's), then
+# held-out German and ShareGPT 60 against the shipped ones.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
 #                    | r6b-mix | r6b-train | r6b-heldout | r7-mix | r7-train | r7-heldout
+#                    | r8-hydra-train | r8-hydra-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -47,15 +50,15 @@ distill() { local out=$1 prompts=$2; shift 2
 finetune() { local mix=$1 store=$2; shift 2
              blockdraft train --data $mix --store $store --max-tokens 1200000 --lr 3e-4 --epochs 2 --threads 2 "$@"; }
 # a round's base drafter (KIND, checkpoint name BASE) fine-tuned from the shipped one on ROUND's mix, then its tree
-# module (checkpoint name MODULE) fine-tuned from the shipped one on that base
-finetune_base_and_module() { local round=$1 kind=$2 base=$3 module=$4 base_minutes=$5 module_minutes=$6
+# module (checkpoint name MODULE) fine-tuned from the shipped one on that base; further options go to both
+finetune_base_and_module() { local round=$1 kind=$2 base=$3 module=$4 base_minutes=$5 module_minutes=$6; shift 6
   finetune runs/$round/mix.jsonl runs/store-$round --drafter $kind --init $CK/$base --max-minutes $base_minutes \
-    --out runs/$round/$base
+    --out runs/$round/$base "$@"
   finetune runs/$round/mix.jsonl runs/store-$round --drafter treeflash --init runs/$round/$base \
-    --init-module $CK/$module --max-minutes $module_minutes --out runs/$round/$module; }
-# dflash and treeflash's module; bpd's heads and hydra's module
-finetune_pair() { finetune_base_and_module $1 block dflash treeflash $2 $3; }
-finetune_hydra() { finetune_base_and_module $1 heads bpd hydra $2 $3; }
+    --init-module $CK/$module --max-minutes $module_minutes --out runs/$round/$module "$@"; }
+# dflash and treeflash's module; bpd's heads and hydra's module (ROUND BASE_MINUTES MODULE_MINUTES [OPTIONS])
+finetune_pair() { finetune_base_and_module $1 block dflash treeflash "${@:2}"; }
+finetune_hydra() { finetune_base_and_module $1 heads bpd hydra "${@:2}"; }
 pair_methods() { local dir=runs/$1
   echo ar,dflash,dflash:checkpoint=$dir/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$dir/dflash:module=$dir/treeflash; }
 hydra_methods() { local dir=runs/$1
@@ -207,5 +210,14 @@ r7-train)
   ;;
 r7-heldout)
   german_heldout $(pair_methods task-r7) $D/r7-
+  ;;
+r8-hydra-train)
+  finetune_hydra task-r7 10 8 --epochs 1
+  ;;
+r8-hydra-heldout)
+  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $(hydra_methods task-r7) --out $D/r8-hydra-heldout-german
+  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
+    --methods ar,hydra,hydra:checkpoint=runs/task-r7/bpd:module=runs/task-r7/hydra --out $D/r8-hydra-heldout60
   ;;
 esac
