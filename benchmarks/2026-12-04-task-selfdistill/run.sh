@@ -32,11 +32,16 @@
 # b358d25's checkpoints to redo them.
 # r8-hydra-*: bpd's heads and hydra's module on round 7's store, one epoch each (its store is twice round 4's), then
 # held-out German and ShareGPT 60 against the shipped ones.
+# r8-*: coding and science, which every translation round gave back: make_code_prompts.py's prompts from ShareGPT's
+# training split (conversations the chat replay has not used), their replies added to round 7's task half (so the
+# task half is translation and code, the other half the whole chat replay), fine-tunes of the shipped (round 7)
+# pair, and three held-out sets: held-out coding/science first, then German and ShareGPT 60 (round 7's Spanish/
+# Portuguese and task-shape sets were left out for time: this round keeps all of round 7's translation replies).
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
 #                    | r6b-mix | r6b-train | r6b-heldout | r7-mix | r7-train | r7-heldout
-#                    | r8-hydra-train | r8-hydra-heldout
+#                    | r8-hydra-train | r8-hydra-heldout | r8-sd | r8-train | r8-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -219,5 +224,23 @@ r8-hydra-heldout)
     --methods $(hydra_methods task-r7) --out $D/r8-hydra-heldout-german
   blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
     --methods ar,hydra,hydra:checkpoint=runs/task-r7/bpd:module=runs/task-r7/hydra --out $D/r8-hydra-heldout60
+  ;;
+r8-sd)
+  mkdir -p runs/task-r8
+  python $D/make_code_prompts.py runs/task-r8/prompts.jsonl $D/heldout_code.jsonl 30
+  distill runs/task-r8/sd.jsonl runs/task-r8/prompts.jsonl --max-new-tokens 256 --max-minutes 18
+  cat runs/task-r7/translation.jsonl runs/task-r8/sd.jsonl > runs/task-r8/task.jsonl
+  python $D/mix.py runs/task-r8/mix.jsonl runs/task-r8/task.jsonl
+  ;;
+r8-train)
+  finetune_pair task-r8 16 12
+  ;;
+r8-heldout)
+  blockdraft bench --questions $D/heldout_code.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $(pair_methods task-r8) --out $D/r8-heldout-code
+  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $(pair_methods task-r8) --out $D/r8-heldout-german
+  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
+    --methods $(pair_methods task-r8) --out $D/r8-heldout60
   ;;
 esac
