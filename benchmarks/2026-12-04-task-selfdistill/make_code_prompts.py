@@ -54,7 +54,7 @@ def first_turns(records, skip: set[str]) -> dict[str, list[tuple[str, str]]]:
 
 
 def main(train_out: str, heldout_out: str, heldout_count: int = 30) -> None:
-    train, _ = split_conversations(load_conversations())
+    train, valid = split_conversations(load_conversations())
     used = {r["id"] for r in load_conversations(EXCLUDE)}
     kinds = first_turns(train, used)
     interleaved = [p for pair in itertools.zip_longest(*kinds.values()) for p in pair if p]
@@ -62,7 +62,6 @@ def main(train_out: str, heldout_out: str, heldout_count: int = 30) -> None:
         for id_, text in interleaved:
             f.write(json.dumps({"id": id_, "conversations": [{"from": "human", "value": text}]}) + "\n")
     measured = {q.question_id for q in load_questions("sharegpt", 60)}
-    _, valid = split_conversations(load_conversations())
     held = first_turns(valid, measured)
     held["stem"] = held["stem"][: heldout_count // 2]
     held["coding"] = held["coding"][: heldout_count - len(held["stem"])]
