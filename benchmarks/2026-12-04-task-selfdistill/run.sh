@@ -68,20 +68,19 @@ pair_methods() { local dir=runs/$1
   echo ar,dflash,dflash:checkpoint=$dir/dflash,treeflash:budget=32,treeflash:budget=32:checkpoint=$dir/dflash:module=$dir/treeflash; }
 hydra_methods() { local dir=runs/$1
   echo ar,bpd,bpd:checkpoint=$dir/bpd,hydra,hydra:checkpoint=$dir/bpd:module=$dir/hydra; }
+# one held-out bench: QUESTIONS METHODS OUT [more bench options]
+heldout_bench() { blockdraft bench --questions $1 --max-new-tokens 128 --threads 2 --no-compile --methods $2 --out $3 \
+                   "${@:4}"; }
 both_heldout() { local methods=$1 prefix=$2
-  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $methods --out ${prefix}heldout60
-  blockdraft bench --questions $D/heldout_tasks.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $methods --out ${prefix}heldout-tasks; }
+  heldout_bench sharegpt $methods ${prefix}heldout60 --per-category 60
+  heldout_bench $D/heldout_tasks.jsonl $methods ${prefix}heldout-tasks; }
 # a translation round's three held-out benches of METHODS: translation first (what the round is for), then both above
 translation_heldout() { local methods=$1 prefix=$2
-  blockdraft bench --questions $D/heldout_translation.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $methods --out ${prefix}heldout-translation
+  heldout_bench $D/heldout_translation.jsonl $methods ${prefix}heldout-translation
   both_heldout $methods $prefix; }
 # a German round's four held-out benches of METHODS: WMT17's held-out German first, then the three above
 german_heldout() { local methods=$1 prefix=$2
-  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $methods --out ${prefix}heldout-german
+  heldout_bench $D/heldout_german.jsonl $methods ${prefix}heldout-german
   translation_heldout $methods $prefix; }
 case $1 in
 sd)
@@ -220,10 +219,9 @@ r8-hydra-train)
   finetune_hydra task-r7 10 8 --epochs 1
   ;;
 r8-hydra-heldout)
-  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $(hydra_methods task-r7) --out $D/r8-hydra-heldout-german
-  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
-    --methods ar,hydra,hydra:checkpoint=runs/task-r7/bpd:module=runs/task-r7/hydra --out $D/r8-hydra-heldout60
+  heldout_bench $D/heldout_german.jsonl $(hydra_methods task-r7) $D/r8-hydra-heldout-german
+  heldout_bench sharegpt ar,hydra,hydra:checkpoint=runs/task-r7/bpd:module=runs/task-r7/hydra $D/r8-hydra-heldout60 \
+    --per-category 60
   ;;
 r8-sd)
   mkdir -p runs/task-r8
@@ -236,11 +234,8 @@ r8-train)
   finetune_pair task-r8 16 12
   ;;
 r8-heldout)
-  blockdraft bench --questions $D/heldout_code.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $(pair_methods task-r8) --out $D/r8-heldout-code
-  blockdraft bench --questions $D/heldout_german.jsonl --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $(pair_methods task-r8) --out $D/r8-heldout-german
-  blockdraft bench --questions sharegpt --per-category 60 --max-new-tokens 128 --threads 2 --no-compile \
-    --methods $(pair_methods task-r8) --out $D/r8-heldout60
+  heldout_bench $D/heldout_code.jsonl $(pair_methods task-r8) $D/r8-heldout-code
+  heldout_bench $D/heldout_german.jsonl $(pair_methods task-r8) $D/r8-heldout-german
+  heldout_bench sharegpt $(pair_methods task-r8) $D/r8-heldout60 --per-category 60
   ;;
 esac
