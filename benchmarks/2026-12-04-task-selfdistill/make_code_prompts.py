@@ -19,6 +19,7 @@ import re
 import sys
 
 from blockdraft.bench.questions import load_questions
+from blockdraft.data.selfdistill import human_turns
 from blockdraft.data.sharegpt import load_conversations, split_conversations
 
 EXCLUDE = "runs/sd5/sd.jsonl"
@@ -43,13 +44,9 @@ def kind(text: str) -> str | None:
 def first_turns(records, skip: set[str]) -> dict[str, list[tuple[str, str]]]:
     """(id, first human turn) of each kind, in split order."""
     kinds = {"coding": [], "stem": []}
-    for r in records:
-        turns = r["conversations"]
-        if r["id"] in skip or not turns or turns[0].get("from") != "human":
-            continue
-        text = str(turns[0].get("value", "")).strip()
-        if k := kind(text):
-            kinds[k].append((r["id"], text))
+    for id_, (text,) in human_turns(records, 1):
+        if id_ not in skip and (k := kind(text)):
+            kinds[k].append((id_, text))
     return kinds
 
 
