@@ -37,11 +37,15 @@
 # task half is translation and code, the other half the whole chat replay), fine-tunes of the shipped (round 7)
 # pair, and three held-out sets: held-out coding/science first, then German and ShareGPT 60 (round 7's Spanish/
 # Portuguese and task-shape sets were left out for time: this round keeps all of round 7's translation replies).
+# r9-*: round 8's store again, no new replies: bpd's heads and hydra's module fine-tuned on it one epoch each (its mix
+# is two thirds chat-shaped, round 7's was half translation), and the shipped (round 8) dflash given one more epoch at
+# a third of the learning rate, with treeflash's module fine-tuned on it the same way; held-out ShareGPT 60 for all.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
 #                    | r6b-mix | r6b-train | r6b-heldout | r7-mix | r7-train | r7-heldout
 #                    | r8-hydra-train | r8-hydra-heldout | r8-sd | r8-train | r8-heldout
+#                    | r9-hydra-train | r9-train | r9-heldout | r9-hydra-heldout
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -237,5 +241,22 @@ r8-heldout)
   heldout_bench $D/heldout_code.jsonl $(pair_methods task-r8) $D/r8-heldout-code
   heldout_bench $D/heldout_german.jsonl $(pair_methods task-r8) $D/r8-heldout-german
   heldout_bench sharegpt $(pair_methods task-r8) $D/r8-heldout60 --per-category 60
+  ;;
+r9-hydra-train)
+  finetune_hydra task-r8 10 8 --epochs 1
+  ;;
+r9-train)
+  mkdir -p runs/task-r9
+  finetune runs/task-r8/mix.jsonl runs/store-task-r8 --drafter block --init $CK/dflash --lr 1e-4 --epochs 1 \
+    --max-minutes 8 --out runs/task-r9/dflash
+  finetune runs/task-r8/mix.jsonl runs/store-task-r8 --drafter treeflash --init runs/task-r9/dflash \
+    --init-module $CK/treeflash --lr 1e-4 --epochs 1 --max-minutes 6 --out runs/task-r9/treeflash
+  ;;
+r9-heldout)
+  heldout_bench sharegpt $(pair_methods task-r9),$(hydra_methods task-r8 | sed s/^ar,//) $D/r9-heldout60 --per-category 60
+  ;;
+r9-hydra-heldout)
+  heldout_bench $D/heldout_german.jsonl $(hydra_methods task-r8) $D/r9-hydra-heldout-german
+  heldout_bench $D/heldout_code.jsonl $(hydra_methods task-r8) $D/r9-hydra-heldout-code
   ;;
 esac
