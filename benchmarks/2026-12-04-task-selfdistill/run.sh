@@ -45,7 +45,7 @@
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
 #                    | r6b-mix | r6b-train | r6b-heldout | r7-mix | r7-train | r7-heldout
 #                    | r8-hydra-train | r8-hydra-heldout | r8-sd | r8-train | r8-heldout
-#                    | r9-hydra-train | r9-train | r9-heldout | r9-hydra-heldout
+#                    | r9-hydra-train | r9-train | r9-heldout | r9-hydra-heldout | r9-hybrid
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -258,5 +258,10 @@ r9-heldout)
 r9-hydra-heldout)
   heldout_bench $D/heldout_german.jsonl $(hydra_methods task-r8) $D/r9-hydra-heldout-german
   heldout_bench $D/heldout_code.jsonl $(hydra_methods task-r8) $D/r9-hydra-heldout-code
+  ;;
+r9-hybrid)  # hybrid (suffix + hydra) with the shipped and the new bpd/hydra: the quick subset, then held-out ShareGPT 60
+  methods=ar,hf,hybrid,hybrid:checkpoint=runs/task-r8/bpd:module=runs/task-r8/hydra
+  blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 --methods $methods --out benchmarks/2026-12-06-quick-r9-hybrid
+  heldout_bench sharegpt ar,${methods#ar,hf,} $D/r9-hybrid-heldout60 --per-category 60
   ;;
 esac
