@@ -39,7 +39,9 @@
 # Portuguese and task-shape sets were left out for time: this round keeps all of round 7's translation replies).
 # r9-*: round 8's store again, no new replies: bpd's heads and hydra's module fine-tuned on it one epoch each (its mix
 # is two thirds chat-shaped, round 7's was half translation), and the shipped (round 8) dflash given one more epoch at
-# a third of the learning rate, with treeflash's module fine-tuned on it the same way; held-out ShareGPT 60 for all.
+# a third of the learning rate, with treeflash's module fine-tuned on it the same way; held-out ShareGPT 60 for all,
+# German and coding/science for bpd and hydra, and hybrid (suffix + hydra) with either. They ran at d6b4468: from
+# 5d14211 on, $CK holds the new bpd and hydra, so check out d6b4468's checkpoints to redo the hydra steps.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
