@@ -255,7 +255,8 @@ r9-train)
     --init-module $CK/treeflash --lr 1e-4 --epochs 1 --max-minutes 6 --out runs/task-r9/treeflash
   ;;
 r9-heldout)
-  heldout_bench sharegpt $(pair_methods task-r9),$(hydra_methods task-r8 | sed s/^ar,//) $D/r9-heldout60 --per-category 60
+  hydra=$(hydra_methods task-r8)
+  heldout_bench sharegpt $(pair_methods task-r9),${hydra#ar,} $D/r9-heldout60 --per-category 60
   ;;
 r9-hydra-heldout)
   heldout_bench $D/heldout_german.jsonl $(hydra_methods task-r8) $D/r9-hydra-heldout-german
