@@ -42,12 +42,17 @@
 # a third of the learning rate, with treeflash's module fine-tuned on it the same way; held-out ShareGPT 60 for all,
 # German and coding/science for bpd and hydra, and hybrid (suffix + hydra) with either. They ran at d6b4468: from
 # 5d14211 on, $CK holds the new bpd and hydra, so check out d6b4468's checkpoints to redo the hydra steps.
+# r10-*: new chat, as round 9 found that more epochs over round 8's store overfit: 28 more minutes of self-distilled
+# ShareGPT (two turns, conversations neither the chat replay nor round 8's coding replies used), mixed half and half
+# by characters with a replay of round 8's whole mix (so the new chat is the half the drafters have not seen), one
+# epoch of each fine-tune from the shipped checkpoints, then held-out ShareGPT 60 and the quick subset for all four.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
 #                    | r6b-mix | r6b-train | r6b-heldout | r7-mix | r7-train | r7-heldout
 #                    | r8-hydra-train | r8-hydra-heldout | r8-sd | r8-train | r8-heldout
 #                    | r9-hydra-train | r9-train | r9-heldout | r9-hydra-heldout | r9-hybrid
+#                    | r10-sd | r10-train | r10-heldout | r10-quick
 set -e
 D=benchmarks/2026-12-04-task-selfdistill
 CK=src/blockdraft/checkpoints/smollm2-135m
@@ -266,5 +271,28 @@ r9-hybrid)  # hybrid (suffix + hydra) with the shipped and the new bpd/hydra: th
   methods=ar,hf,hybrid,hybrid:checkpoint=runs/task-r8/bpd:module=runs/task-r8/hydra
   blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 --methods $methods --out benchmarks/2026-12-06-quick-r9-hybrid
   heldout_bench sharegpt ar,${methods#ar,hf,} $D/r9-hybrid-heldout60 --per-category 60
+  ;;
+r10-sd)
+  mkdir -p runs/task-r10
+  # the earlier replies head the file so that selfdistill skips their conversations; the new ones follow
+  cat runs/sd5/sd.jsonl runs/task-r8/sd.jsonl > runs/task-r10/chat-all.jsonl
+  old=$(wc -l < runs/task-r10/chat-all.jsonl)
+  blockdraft selfdistill runs/task-r10/chat-all.jsonl --data sharegpt --batch 8 --turns 2 --max-tokens 3000000 \
+    --max-minutes 28 --threads 2
+  tail -n +$((old + 1)) runs/task-r10/chat-all.jsonl > runs/task-r10/chat.jsonl
+  python $D/mix.py runs/task-r10/mix.jsonl runs/task-r10/chat.jsonl runs/task-r8/mix.jsonl
+  ;;
+r10-train)
+  finetune_pair task-r10 10 8 --epochs 1
+  finetune_hydra task-r10 8 8 --epochs 1
+  ;;
+r10-heldout)
+  hydra=$(hydra_methods task-r10)
+  heldout_bench sharegpt $(pair_methods task-r10),${hydra#ar,} $D/r10-heldout60 --per-category 60
+  ;;
+r10-quick)
+  pair=$(pair_methods task-r10) hydra=$(hydra_methods task-r10)
+  blockdraft bench --per-category 2 --max-new-tokens 128 --threads 2 --methods ar,hf,${pair#ar,},${hydra#ar,},\
+hydra:budget=32,hydra:budget=32:checkpoint=runs/task-r10/bpd:module=runs/task-r10/hydra --out benchmarks/2026-12-06-quick-r10
   ;;
 esac
