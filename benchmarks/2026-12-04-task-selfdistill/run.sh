@@ -284,7 +284,7 @@ r10-sd)
   ;;
 r10-train)
   finetune_pair task-r10 10 8 --epochs 1
-  finetune_hydra task-r10 8 8 --epochs 1
+  finetune_hydra task-r10 8 9 --epochs 1
   ;;
 r10-heldout)
   hydra=$(hydra_methods task-r10)
