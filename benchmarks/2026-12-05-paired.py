@@ -1,6 +1,8 @@
 """Paired comparison of two methods in one bench run: tau over all turns, per-turn wins, and a bootstrap 95%
 interval of the tau gain over resampled turns. Usage: python 2026-12-05-paired.py RESULTS.json METHOD_A METHOD_B
-(RESULTS.json,OTHER.json pools the turns of several runs of the same two methods, e.g. two held-out sets)"""
+(RESULTS.json,OTHER.json pools the turns of several runs of the same two methods, e.g. two held-out sets).
+METHOD@RUN.json takes that method from another run of the same questions (greedy tau does not depend on timing), the
+turns paired by question and turn: python 2026-12-05-paired.py NEW.json OLD_METHOD@OLD.json NEW_METHOD"""
 
 import json
 import random
@@ -10,9 +12,16 @@ from collections import defaultdict
 
 def main(path: str, a: str, b: str, resamples: int = 2000) -> None:
     by_method = defaultdict(dict)
-    for file in path.split(","):
-        for r in json.load(open(file))["records"]:
-            by_method[r["method"]][(file, r["question_id"], r["turn"])] = r
+    if "@" in a or "@" in b:  # one run's method against another's: the same questions, keyed without the file
+        for name in (a, b):
+            method, _, file = name.partition("@")
+            for r in json.load(open(file or path))["records"]:
+                if r["method"] == method:
+                    by_method[name][(r["question_id"], r["turn"])] = r
+    else:
+        for file in path.split(","):
+            for r in json.load(open(file))["records"]:
+                by_method[r["method"]][(file, r["question_id"], r["turn"])] = r
     turns = [t for t in by_method[a] if t in by_method[b]]
 
     def tau(method: str, sample: list) -> float:

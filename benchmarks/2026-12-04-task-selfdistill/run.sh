@@ -46,6 +46,8 @@
 # ShareGPT (two turns, conversations neither the chat replay nor round 8's coding replies used), mixed half and half
 # by characters with a replay of round 8's whole mix (so the new chat is the half the drafters have not seen), one
 # epoch of each fine-tune from the shipped checkpoints, then held-out ShareGPT 60 and the quick subset for all four.
+# r10-heldout ran at ec2c652 (before the ship). r10-quick's shipped rows loaded round 10's checkpoints (copied into $CK
+# as it started), so it measured them twice; the old ones are paired from earlier runs with paired.py's METHOD@RUN.
 # Usage: bash run.sh sd | mix | train | quick | heldout | hydra-module | heldout-tasks | train2 | heldout2
 #                    | r2-sd | r2-train | r2-heldout | r3-sd | r3-train | r3-heldout | r4-sd | r4-train | r4-heldout
 #                    | r5-hydra-train | r5-hydra-heldout | r6-sd | r6-train | r6-heldout
