@@ -34,6 +34,7 @@ from ..errors import BlockdraftError
 from ..target.engine import Decoder, StaticEngine, _Linear, _Step, compiled_step
 from ..trees import DraftTree
 from ..trees.sampled import drafting_generator
+from ..verify.base import sample
 from .base import DraftContext, Drafter
 
 WEIGHTS = ("auto", "float16", "int8")
@@ -116,7 +117,7 @@ class QuantizedDrafter(Drafter):
         for offset in range(min(self.depth, ctx.max_depth)):
             logits = self.engine.draft_step(self.step, token, offset).float().cpu()
             probs = torch.softmax(logits / ctx.temperature, -1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
+            token = sample(probs, generator)
             drafts.append(token)
             q.append(probs)
             if probs[token] < self.min_prob:

@@ -4,21 +4,24 @@ from .base import Acceptance, Acceptor
 from .greedy import GreedyAcceptor
 from .rejection import RejectionAcceptor, SampleAndWalkAcceptor
 from .sampling import SamplingParams
+from .traversal import TraversalAcceptor
 from .typical import TypicalAcceptor
 from ..errors import BlockdraftError
 
 ACCEPTORS = {
     "greedy": GreedyAcceptor,
     "rejection": RejectionAcceptor,
+    "traversal": TraversalAcceptor,
     "walk": SampleAndWalkAcceptor,
     "typical": TypicalAcceptor,
 }
 
 
 def make_acceptor(name: str | None, params: SamplingParams) -> Acceptor:
-    """`None` picks the lossless default: greedy at T = 0, rejection sampling at T > 0."""
+    """`None` picks the lossless default: greedy at T = 0, traversal verification at T > 0 (it accepts as
+    much as token-level rejection on deterministic drafts and more on sampled ones)."""
     if name is None:
-        name = "greedy" if params.greedy else "rejection"
+        name = "greedy" if params.greedy else "traversal"
     if name not in ACCEPTORS:
         raise BlockdraftError(f"unknown acceptor '{name}': choose one of {', '.join(ACCEPTORS)}")
     if name == "greedy" and not params.greedy:
@@ -34,6 +37,7 @@ __all__ = [
     "RejectionAcceptor",
     "SampleAndWalkAcceptor",
     "SamplingParams",
+    "TraversalAcceptor",
     "TypicalAcceptor",
     "make_acceptor",
 ]

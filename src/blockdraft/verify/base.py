@@ -49,11 +49,16 @@ class Acceptor:
 
 
 def sample(p: torch.Tensor, gen: torch.Generator | None) -> int:
-    """One draw from p with `gen`, on the generator's device (the decoder's is a CPU generator, so
-    a run's samples depend on its seed, not on where the target runs)."""
+    """One draw from p (unnormalised is fine) with `gen`, on the generator's device (the decoder's is a CPU
+    generator, so a run's samples depend on its seed, not on where the target runs).
+
+    By inverting the float64 CDF: torch.multinomial over a 49k vocabulary takes ~2 ms on one CPU core,
+    this ~0.1 ms, and every step at T > 0 draws at least once."""
     if gen is not None and p.device != gen.device:
         p = p.to(gen.device)
-    return int(torch.multinomial(p, 1, generator=gen))
+    cdf = p.double().cumsum(-1)
+    u = torch.rand((), generator=gen, dtype=torch.float64, device=cdf.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), len(cdf) - 1)
 
 
 def child_with_token(tree: DraftTree, node: int, token: int) -> int | None:
