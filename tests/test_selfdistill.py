@@ -115,7 +115,8 @@ def test_batched_replies_are_the_same_conversations(chat_model_dir, prompts, tmp
     assert run(chat_model_dir, data, tmp_path / "one.jsonl", *two) == 0
     assert run(chat_model_dir, data, tmp_path / "three.jsonl", *two, "--batch", "3") == 0
     one, three = lines(tmp_path / "one.jsonl"), lines(tmp_path / "three.jsonl")
-    assert len(one) == 6 and any(len(r["conversations"]) == 4 for r in one)
+    # every conversation written (greedy), or all but one whose sampled first reply ended at once (empty: skipped)
+    assert len(one) >= 5 and any(len(r["conversations"]) == 4 for r in one)
     for r in one + three:
         r["selfdistill"].pop("batch")
     assert sorted(three, key=lambda r: r["id"]) == sorted(one, key=lambda r: r["id"])

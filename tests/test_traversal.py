@@ -136,10 +136,9 @@ def test_root_only_tree_emits_one_target_sample():
     assert torch.allclose(freq, params.probs(TABLE[2]), atol=0.03)
 
 
-def test_traversal_is_the_default_acceptor_when_sampling():
-    assert make_acceptor(None, SamplingParams(0.8)).name == "traversal"
-    assert make_acceptor(None, SamplingParams(0.0)).name == "greedy"
-    assert make_acceptor("rejection", SamplingParams(0.8)).name == "rejection"
+def test_traversal_is_chosen_by_name():
+    assert make_acceptor("traversal", SamplingParams(0.8)).name == "traversal"
+    assert make_acceptor(None, SamplingParams(0.8)).name == "rejection"  # the default (see make_acceptor)
 
 
 def uniform_tree():

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one of: {', '.join(METHODS)} (default lookup); options as NAME:key=value[:key=value]")
     _add_generation_args(g)
     g.add_argument("--acceptor", default=None, choices=list(ACCEPTORS),
-                   help="acceptance rule (default: greedy at T=0, traversal at T>0; 'typical' is lossy)")
+                   help="acceptance rule (default: greedy at T=0, rejection at T>0; 'traversal' accepts more "
+                        "sampled drafts; 'typical' is lossy)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
     g.add_argument("--stats", action="store_true", help="print statistics to stderr after the text")

@@ -18,10 +18,13 @@ ACCEPTORS = {
 
 
 def make_acceptor(name: str | None, params: SamplingParams) -> Acceptor:
-    """`None` picks the lossless default: greedy at T = 0, traversal verification at T > 0 (it accepts as
-    much as token-level rejection on deterministic drafts and more on sampled ones)."""
+    """`None` picks the lossless default: greedy at T = 0, recursive rejection sampling at T > 0.
+
+    'traversal' accepts more sampled drafts (and as many deterministic ones) but is not the default yet: the
+    batch decoder caps each sequence's tree by the batch's row budget, and traversal's random draws depend on
+    the whole tree, so a seeded sampled run would no longer write the same text batched as one at a time."""
     if name is None:
-        name = "greedy" if params.greedy else "traversal"
+        name = "greedy" if params.greedy else "rejection"
     if name not in ACCEPTORS:
         raise BlockdraftError(f"unknown acceptor '{name}': choose one of {', '.join(ACCEPTORS)}")
     if name == "greedy" and not params.greedy:

@@ -40,6 +40,8 @@ class Residual:
     changes only those; a dense update would cost several passes over the vocabulary per removed node, and
     a tree at T = 1 removes most of its nodes before the walk stops."""
 
+    SPARSE_UP_TO = 2048  # touched tokens; past this (a q over much of the vocabulary) one dense pass is cheaper
+
     def __init__(self, probs: np.ndarray):
         self.probs, self.scale, self.total = probs, 1.0, 1.0
         self.ids, self.values = np.zeros(0, np.int64), np.zeros(0)
@@ -50,8 +52,6 @@ class Residual:
         if hit < len(self.ids) and self.ids[hit] == x:
             return float(self.values[hit]) / self.total
         return self.scale * float(self.probs[x]) / self.total
-
-    SPARSE_UP_TO = 2048  # touched tokens; past this (a q over much of the vocabulary) one dense pass is cheaper
 
     def remove(self, weight: float, q_ids: np.ndarray, q_values: np.ndarray) -> float:
         """Becomes norm(max(weight * self - q, 0)); returns the mass before normalising."""
@@ -78,6 +78,7 @@ class Residual:
         return mass
 
     def dense_np(self) -> np.ndarray:
+        """The whole normalised distribution, float64."""
         p = self.scale * self.probs.astype(np.float64)
         p[self.ids] = self.values
         return p / self.total
