@@ -105,18 +105,19 @@ class TraversalAcceptor(Acceptor):
         probs = self.params.probs(logits[holders]).cpu().numpy() if holders else None
         dist = {v: Residual(probs[i]) for i, v in enumerate(holders)}
         q_rows = None if tree.q is None else tree.q.float().cpu().numpy()
+        drawn = [False] * len(tokens) if q_rows is None else (~np.isnan(q_rows[:, 0])).tolist()  # sampled, with q
         weight, ratio = [1.0] * len(tokens), [0.0] * len(tokens)
 
         def draw_q(c: int) -> tuple[np.ndarray, np.ndarray]:
             """(token ids, probabilities) of the distribution child c was drawn from (one-hot if deterministic)."""
-            if q_rows is None or np.isnan(q_rows[c, 0]):
+            if not drawn[c]:
                 return np.array([tokens[c]]), np.ones(1)
             ids = np.nonzero(q_rows[c] > 0)[0]  # (np.flatnonzero is ten times slower on float rows)
             return ids, q_rows[c, ids].astype(np.float64)
 
         def rate(c: int) -> None:
             """ratio[c] = p_u(x) / q_c(x) under the current distribution of c's parent u."""
-            q_x = 1.0 if q_rows is None or np.isnan(q_rows[c, 0]) else float(q_rows[c, tokens[c]])
+            q_x = float(q_rows[c, tokens[c]]) if drawn[c] else 1.0
             ratio[c] = dist[parents[c]].at(tokens[c]) / q_x if q_x > 0 else 0.0
 
         def reweigh(u: int) -> None:
