@@ -10,10 +10,11 @@ these contexts), its mean tree size, and its ratio to the first method with a pa
     python benchmarks/2026-12-06-shape-replay.py --questions sharegpt --per-category 12 \
         --methods treeflash:budget=32:sample=1,treeflash:budget=32:sample=1:children=4 --out runs/shape-replay
 
-Variants tried here and not adopted (BENCHMARKS.md, 2026-12-06): METHOD+rates=FILE.npy shapes a sampled tree by
-acceptance rates that `--table FILE.npy` measured for the first method; METHOD+top=M makes each node's first M
-children its row's top tokens (the library change is in 2026-12-06-shape-replay/top_first.diff); METHOD+support=N
-draws children from N tokens of each row instead of 32.
+Variants tried here (BENCHMARKS.md, 2026-12-06): METHOD+rates=FILE.npy shapes a sampled tree by acceptance rates
+that `--table FILE.npy` measured for the first method; METHOD+top=M makes each node's first M children its row's
+top tokens (the library change is in 2026-12-06-shape-replay/top_first.diff); neither was adopted.
+METHOD+support=N draws children from N tokens of each row instead of the library's SAMPLE_SUPPORT (32, then 512
+after these runs).
 """
 
 import argparse

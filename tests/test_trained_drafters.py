@@ -331,6 +331,13 @@ def test_transition_rows_over_a_depths_likeliest_columns(tiny, trained, kind):
             expected = torch.log_softmax(torch.tensor([row[t] for t in marginal[d].tolist()]), -1).topk(4)
             assert torch.allclose(logp[d, m], expected.values, atol=1e-5)
             assert kids[d, m].tolist() == marginal[d][expected.indices].tolist()
+    sampler = TreeFlashDrafter(base, module, columns=6, sample=True, vocab_size=tiny.vocab_size)
+    sampler.SAMPLE_SUPPORT = 12  # at T > 0 a row is read over 12 columns, not 6: the draws' q cover 12 tokens
+    base.reset(ids)
+    tree = sampler.propose(DraftContext(ids, tiny.prefill(ids[:-1]), max_depth=8, temperature=1.0,
+                                        generator=torch.Generator().manual_seed(0)))
+    first_children = [kids[0] for kids in tree.children if kids]
+    assert first_children and all(int((tree.q[c] > 0).sum()) == 12 for c in first_children)
     for bad in (-1, 2.5, "many"):
         with pytest.raises(BlockdraftError, match="columns must be 0"):
             TreeFlashDrafter(base, module, columns=bad)
