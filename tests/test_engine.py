@@ -11,6 +11,7 @@ from blockdraft.target.hf_forward import HFForward
 from blockdraft.trees import DraftTree
 
 from conftest import tiny_llama
+from tiny_architectures import tiny_model
 from drafters_for_tests import RandomTreeDrafter
 
 
@@ -33,8 +34,12 @@ def pair(model, layers=(0, 1, 2)):
             Target(model, name="t", feature_layers=layers, engine="hf"))
 
 
-@pytest.mark.parametrize("make", [lambda: tiny_llama(vocab_size=40, logit_scale=4.0), tiny_qwen2],
-                         ids=["llama", "qwen2"])
+FAMILIES = ["qwen3", "gemma", "gemma2", "gemma3-text", "mistral-sliding", "qwen2-sliding"]  # tiny_architectures
+
+
+@pytest.mark.parametrize("make", [lambda: tiny_llama(vocab_size=40, logit_scale=4.0), tiny_qwen2]
+                         + [lambda name=name: tiny_model(name, 40) for name in FAMILIES],
+                         ids=["llama", "qwen2"] + FAMILIES)
 def test_static_engine_matches_transformers_through_trees_and_commits(make):
     fast, ref = pair(make())
     assert isinstance(fast.forwarder, static_engine.StaticEngine) and isinstance(ref.forwarder, HFForward)

@@ -71,6 +71,8 @@ class HFRunner:
         self.name, self.target = name, target
         eos = sorted(target.eos_token_ids)
         self.kwargs = dict(eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
+        if target.stop_strings:  # a base model's end of turn: both stop after the token that completes it
+            self.kwargs.update(stop_strings=list(target.stop_strings), tokenizer=target.tokenizer)
         if params.greedy:
             self.kwargs.update(do_sample=False)
         else:

@@ -157,7 +157,7 @@ class BatchDecoder:
         decode = target.decode if target.tokenizer is not None else None
         drafter = fork_drafter(drafter)
         seq = Sequence(prompt_ids, max_new_tokens, drafter, make_acceptor(acceptor, params),
-                       Stopper(target.eos_token_ids, tuple(stop_strings), decode), gen, on_tokens,
+                       Stopper(target.eos_token_ids, tuple(stop_strings) + target.stop_strings, decode), gen, on_tokens,
                        GenerationStats(method=drafter.name), tokens=list(prompt_ids), tag=tag)
         seq.started = time.perf_counter()
         seq.slot = len(self.decoding) + len(self.waiting)

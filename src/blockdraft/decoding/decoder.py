@@ -61,7 +61,7 @@ class SpeculativeDecoder:
         else:
             gen.seed()
         decode = target.decode if target.tokenizer is not None else None
-        stopper = Stopper(target.eos_token_ids, tuple(stop_strings), decode)
+        stopper = Stopper(target.eos_token_ids, tuple(stop_strings) + target.stop_strings, decode)
         stats = GenerationStats(method=self.drafter.name)
 
         t_start = time.perf_counter()

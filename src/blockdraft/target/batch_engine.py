@@ -14,7 +14,8 @@ import time
 import torch
 
 from ..errors import BlockdraftError
-from .engine import CHUNK, Rows, StaticEngine, compiled_step, in_order
+from .engine import CHUNK, Rows, StaticEngine, compiled_step, in_order, window_mask
+from .traits import rope_tables
 
 
 class BatchEngine:
@@ -22,7 +23,7 @@ class BatchEngine:
 
     def __init__(self, engine: StaticEngine, slots: int):
         if not isinstance(engine, StaticEngine):
-            raise BlockdraftError("batched decoding needs the static engine (Llama-family targets); this target "
+            raise BlockdraftError("batched decoding needs the static engine (target/traits.py); this target "
                                   "runs on transformers' forward: serve it with --max-batch 1")
         if slots < 1:
             raise BlockdraftError(f"a batch needs at least one slot, got {slots}")
@@ -68,10 +69,8 @@ class BatchEngine:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in w.layers]
         for new, prev in zip(self.keys + self.values, old, strict=False):
             new[:, :, :n] = prev
-        positions = torch.arange(cap, device=device).unsqueeze(0)
-        cos, sin = w.rotary(w.embed[:1].unsqueeze(0), positions)  # the model's own rotary tables
-        half = w.head_dim // 2
-        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        self.cos, self.sin, _ = rope_tables(w.rotary, w.embed[:1].unsqueeze(0), torch.arange(cap, device=device),
+                                            w.traits.rope_kinds)  # the model's own rotary tables
 
     def reset(self, slot: int) -> None:
         self.lengths[slot] = 0
@@ -88,8 +87,9 @@ class BatchEngine:
         write_pos = (starts[:, None] + torch.arange(n)[None, :]).reshape(-1).to(device)
         if B == 1 and allowed[0] is None and int(starts[0]) == 0:  # a fresh prompt: the causal kernel, no mask
             pos = depths[0][None].to(device)
-            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-            return Rows(tokens[0][None].to(device), cos, sin, None, write_slot, write_pos, first, end, n > 1, logits)
+            cos, sin = self.cos[:, pos].unsqueeze(2), self.sin[:, pos].unsqueeze(2)
+            return Rows(tokens[0][None].to(device), cos, sin, None, write_slot, write_pos, first, end, n > 1, logits,
+                        self._window(None, n > 1, pos, torch.arange(end, device=device)[None]))
         tok = torch.zeros(B, n, dtype=torch.long)
         pos = torch.zeros(B, n, dtype=torch.long)
         mask = torch.zeros(B, n, end, dtype=torch.bool)
@@ -103,8 +103,18 @@ class BatchEngine:
             mask[b, :size, s : s + size] = a
             mask[b, range(size, n), range(s + size, s + n)] = True  # a pad row attends to itself only
         tok, pos, mask = tok.to(device), pos.to(device), mask.to(device)[:, None]
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
-        return Rows(tok, cos, sin, mask, write_slot, write_pos, first, end, False, logits)
+        cos, sin = self.cos[:, pos].unsqueeze(2), self.sin[:, pos].unsqueeze(2)  # [R, B, 1, n, head_dim]
+        window = None
+        if self.w.traits.windowed:  # keys' positions: their slots, but a tree's nodes sit at start + depth
+            key_pos = torch.arange(end, device=device).repeat(B, 1)
+            key_pos.scatter_(1, write_pos.view(B, n), pos)
+            window = self._window(mask, False, pos, key_pos)
+        return Rows(tok, cos, sin, mask, write_slot, write_pos, first, end, False, logits, window)
+
+    def _window(self, mask, causal: bool, pos, key_pos):
+        """The sliding-window layers' mask (None for a model without them): engine.window_mask."""
+        windows = [w for w in self.w.traits.windows if w is not None]
+        return window_mask(mask, causal, pos, key_pos, windows[0]) if windows else None
 
     def _end(self, first: int, tokens) -> int:
         """One past the last position a block for slots first.. writes (pad rows included)."""
@@ -133,11 +143,11 @@ class BatchEngine:
             tok, cos, sin, mask, write_slot, write_pos, _, end = rows[:8]
             if B > 1:
                 logits, every_layer = self.compiled(tok, cos, sin, mask, self.keys, self.values, write_slot,
-                                                    write_pos, end)
+                                                    write_pos, end, rows.window_mask)
             else:  # slot 0 alone: the one-sequence graphs, on a view of its buffers (a lone token sees its prefix)
                 logits, every_layer = w.compiled(tok, cos, sin, None if tok.shape[1] == 1 else mask,
                                                  [k[:1] for k in self.keys], [v[:1] for v in self.values],
-                                                 write_slot, write_pos, end)
+                                                 write_slot, write_pos, end, rows.window_mask)
             hidden = [every_layer[i] for i in hidden_layers]
         else:
             logits, ascending = w.decoder.run([rows], self.keys, self.values, tuple(hidden_layers))[0]

@@ -1,11 +1,12 @@
-"""A static-cache forward for Llama-family targets (gpt-fast style): fused projections, in-place KV commits.
+"""A static-cache forward (gpt-fast style) for the families of target/traits.py: fused projections, in-place commits.
 
 transformers' eager forward spends most of a one-token step on per-call overhead: 7 matmuls per layer,
 a cache object that concatenates and slices 2 x num_layers tensors every step, mask and position
 plumbing. This engine runs the same weights with 4 matmuls per layer (QKV and gate/up fused), a KV
 buffer preallocated in chunks that verification writes into and `commit` compacts in place, and
 nothing else. It reproduces the model's own forward (same RMSNorm, rotary embedding and SDPA
-attention; checked against it in tests/test_engine.py) for the architectures `supports` accepts;
+attention; checked against it in tests/test_engine.py) for the architectures `supports` accepts (Llama, Mistral,
+Qwen2/3, Gemma 1/2/3: their differences are a few declared traits, target/traits.py);
 any other model keeps transformers' forward (`Target` falls back by itself). With `compile=True` the
 decoding steps run through torch.compile (`compiled_step`).
 """
@@ -20,33 +21,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import packing
+from .traits import ACTIVATIONS, SUPPORTED_TYPES, Traits, norm_eps, norm_weight, rms_norm, rope_tables, softcap, \
+    traits_of
 
-# Llama-style decoders: RMSNorm, rotary attention with q/k/v/o projections, SiLU-gated MLP.
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+__all__ = ["SUPPORTED_TYPES", "StaticEngine", "Decoder", "supports"]
 CHUNK = 512  # KV capacity grows in steps of this many tokens
 RECOMPILE_LIMIT = 256  # compiled graphs kept per process (2 per compiled target, 2 more per batch engine)
 
 
 def supports(model) -> bool:
-    """Whether `model` is a Llama-family causal LM this engine reproduces exactly."""
-    config = model.config
-    if config.model_type not in SUPPORTED_TYPES or getattr(config, "hidden_act", "silu") != "silu":
-        return False
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        return False  # Mistral/Qwen2 sliding-window attention is not implemented here
-    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", rope.get("type", "default")) == "dynamic":
-        return False  # dynamic NTK scaling changes the table with the length: keep transformers' forward
-    layer = model.model.layers[0]
-    return all(hasattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
-        hasattr(layer.mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
+    """Whether `model` is a decoder this engine reproduces exactly (its traits: target/traits.py)."""
+    return traits_of(model) is not None
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As transformers' LlamaRMSNorm: the statistics in float32, the scale in the model's dtype.
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+def window_mask(mask: torch.Tensor | None, causal: bool, q_pos: torch.Tensor, key_pos: torch.Tensor,
+                window: int) -> torch.Tensor:
+    """[B, 1, n, end] bool: what `mask` lets each row see (None: every key; `causal`: the lower triangle of a
+    fresh prefill), limited to keys whose position is within `window` of the row's (transformers' sliding
+    window: key > query - window). q_pos [B, n] and key_pos [B, end] are positions, not cache slots: a tree
+    node sits at start + depth."""
+    n, end = q_pos.shape[1], key_pos.shape[1]
+    near = key_pos[:, None, None, :] > q_pos[:, None, :, None] - window
+    if mask is not None:
+        return near & mask
+    if causal:
+        return near & torch.ones(n, end, dtype=torch.bool, device=near.device).tril_(end - n)
+    return near
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -95,16 +95,29 @@ class _Linear(nn.Module):
 class _Layer(nn.Module):
     """One decoder layer's weights, with q/k/v and gate/up concatenated into one matrix each."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, traits: Traits):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = _Linear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o = _Linear([attn.o_proj])
         self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj])
         self.down = _Linear([mlp.down_proj])
-        self.ln1 = nn.Parameter(layer.input_layernorm.weight.detach(), requires_grad=False)
-        self.ln2 = nn.Parameter(layer.post_attention_layernorm.weight.detach(), requires_grad=False)
-        self.eps1, self.eps2 = layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon
+        # Llama's post_attention_layernorm is the MLP's input norm; Gemma 2/3's normalises the attention output
+        # and pre_feedforward_layernorm is the MLP's input norm
+        names = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+        if traits.sandwich:
+            names.update(ln2="pre_feedforward_layernorm", post_attn="post_attention_layernorm",
+                         post_mlp="post_feedforward_layernorm")
+        if traits.qk_norm:
+            names.update(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+        self.eps = {}
+        for name, path in names.items():
+            norm = layer.get_submodule(path)
+            setattr(self, name, nn.Parameter(norm_weight(norm, traits), requires_grad=False))
+            self.eps[name] = norm_eps(norm)
+
+    def norm(self, x: torch.Tensor, name: str, gemma: bool) -> torch.Tensor:
+        return rms_norm(x, getattr(self, name), self.eps[name], gemma)
 
 
 class Rows(NamedTuple):
@@ -117,7 +130,7 @@ class Rows(NamedTuple):
     """
 
     tokens: torch.Tensor  # [B, n]
-    cos: torch.Tensor  # [B, 1, n, head_dim]
+    cos: torch.Tensor  # [R, B, 1, n, head_dim]: one table per rotary kind (traits.rope_tables)
     sin: torch.Tensor
     mask: torch.Tensor | None
     write_slot: torch.Tensor  # [B * n]
@@ -126,6 +139,7 @@ class Rows(NamedTuple):
     end: int
     causal: bool = False
     logits: str = "all"
+    window_mask: torch.Tensor | None = None  # [B, 1, n, end] bool: `mask` within the sliding window (window_mask)
 
 
 class Decoder(nn.Module):
@@ -139,21 +153,30 @@ class Decoder(nn.Module):
     def __init__(self, model):
         super().__init__()
         config, inner = model.config, model.model
+        self.traits = traits = traits_of(model)
+        if traits is None:
+            raise ValueError(f"the static engine does not reproduce '{config.model_type}' models")
         self.embed = nn.Parameter(inner.embed_tokens.weight.detach(), requires_grad=False)
-        self.layers = nn.ModuleList(_Layer(layer) for layer in inner.layers)
-        self.norm = nn.Parameter(inner.norm.weight.detach(), requires_grad=False)
-        self.norm_eps = inner.norm.variance_epsilon
+        self.register_buffer("embed_scale", None if traits.embed_scale is None else
+                             torch.tensor(traits.embed_scale).to(self.embed.dtype))  # as Gemma: rounded to dtype
+        self.layers = nn.ModuleList(_Layer(layer, traits) for layer in inner.layers)
+        self.norm = nn.Parameter(norm_weight(inner.norm, traits), requires_grad=False)
+        self.norm_eps = norm_eps(inner.norm)
         self.lm_head = _Linear([model.get_output_embeddings()])
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = traits.query_scale or self.head_dim ** -0.5
+        self.act = ACTIVATIONS[traits.activation]
+        kinds = list(dict.fromkeys(traits.rope_kinds))  # each layer's rotary table, in traits.rope_tables' order
+        self.rope_index = tuple(kinds.index(k) for k in traits.rope_kinds)
 
     def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, first: int, end: int,
-                hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False, causal: bool = False):
+                hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False, causal: bool = False,
+                window_mask: torch.Tensor | None = None):
         """One block: (logits [B, n or 1, V], hidden states of `hidden_layers` [B, n, hidden] in ascending order)."""
         rows = Rows(tokens, cos, sin, mask, write_slot, write_pos, first, end, causal,
-                    "last" if last_logits_only else "all")
+                    "last" if last_logits_only else "all", window_mask)
         return self.run([rows], keys, values, hidden_layers)[0]
 
     def run(self, blocks: list[Rows], keys, values, hidden_layers: tuple[int, ...] = ()):
@@ -161,23 +184,30 @@ class Decoder(nn.Module):
         sizes = [b.tokens.numel() for b in blocks]
         flat = blocks[0].tokens.reshape(-1) if len(blocks) == 1 else torch.cat([b.tokens.reshape(-1) for b in blocks])
         x = F.embedding(flat, self.embed)  # [rows, hidden]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         hidden = {0: x} if 0 in hidden_layers else {}
-        biases = [self._bias(b, x.dtype) for b in blocks]
+        gemma, sandwich = self.traits.gemma_norm, self.traits.sandwich
+        fold = 1 if self.traits.attn_softcap is not None else self.heads // self.kv_heads  # see _attend
+        biases = [(self._bias(b.mask, b.causal, x.dtype, fold), self._bias(b.window_mask, False, x.dtype, fold))
+                  for b in blocks]
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.ln1, layer.eps1)
+            h = layer.norm(x, "ln1", gemma)
             qkv = layer.qkv(h)
             if len(blocks) == 1:
                 a = self._attend(i, blocks[0], biases[0], qkv, keys, values)
             else:
                 a = torch.cat([self._attend(i, b, bias, part, keys, values)
                                for b, bias, part in zip(blocks, biases, qkv.split(sizes), strict=True)])
-            x = x + layer.o(a)
-            h = _rms_norm(x, layer.ln2, layer.eps2)
+            a = layer.o(a)
+            x = x + (layer.norm(a, "post_attn", gemma) if sandwich else a)
+            h = layer.norm(x, "ln2", gemma)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            m = layer.down(self.act(gate) * up)
+            x = x + (layer.norm(m, "post_mlp", gemma) if sandwich else m)
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
-        x = _rms_norm(x, self.norm, self.norm_eps)
+        x = rms_norm(x, self.norm, self.norm_eps, gemma)
         last = len(self.layers)
         if last in hidden_layers:
             hidden[last] = x
@@ -185,33 +215,56 @@ class Decoder(nn.Module):
         for b, h in zip(blocks, x.split(sizes) if len(blocks) > 1 else [x], strict=True):
             B, n = b.tokens.shape
             h = h.view(B, n, -1)
-            logits = None if b.logits == "none" else self.lm_head(h[:, -1:] if b.logits == "last" else h)
+            logits = None if b.logits == "none" else softcap(self.lm_head(h[:, -1:] if b.logits == "last" else h),
+                                                             self.traits.final_softcap)
             out.append([logits, []])
         for i in sorted(set(hidden_layers)):
             for o, b, h in zip(out, blocks, hidden[i].split(sizes) if len(blocks) > 1 else [hidden[i]], strict=True):
                 o[1].append(h.view(*b.tokens.shape, -1))
         return [tuple(o) for o in out]
 
-    def _bias(self, rows: Rows, dtype) -> torch.Tensor | None:
-        """The block's mask as an additive bias, one row per row of the folded query (see _attend)."""
-        if rows.causal or rows.mask is None:
+    def _bias(self, mask: torch.Tensor | None, causal: bool, dtype, fold: int = 1) -> torch.Tensor | None:
+        """A block's mask as an additive bias [B, 1, fold * n, end] (None: causal, or every key); `fold` repeats
+        the rows for the folded grouped-query attention of _attend (row (g, j) is token j's row)."""
+        if causal or mask is None:
             return None
-        bias = torch.zeros(rows.mask.shape, dtype=dtype, device=rows.mask.device)
-        bias.masked_fill_(~rows.mask, float("-inf"))
-        return bias.repeat(1, 1, self.heads // self.kv_heads, 1)  # row (g, j) of the folded query is token j's row
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        bias.masked_fill_(~mask, float("-inf"))
+        return bias if fold == 1 else bias.repeat(1, 1, fold, 1)
 
-    def _attend(self, i: int, rows: Rows, bias, qkv, keys, values) -> torch.Tensor:
+    def _attend(self, i: int, rows: Rows, biases, qkv, keys, values) -> torch.Tensor:
         """Layer i's attention for one block: writes its keys and values, returns [B * n, heads * head_dim]."""
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
         B, n = rows.tokens.shape
         qkv = qkv.view(B, n, -1, d).transpose(1, 2)  # [B, heads + 2 kv_heads, n, d]
-        qk = _rope(qkv[:, : heads + kv_heads], rows.cos, rows.sin)  # queries and keys rotated together
+        if self.traits.qk_norm:
+            layer, gemma = self.layers[i], self.traits.gemma_norm
+            qk = torch.cat([layer.norm(qkv[:, :heads], "q_norm", gemma),
+                            layer.norm(qkv[:, heads : heads + kv_heads], "k_norm", gemma)], dim=1)
+        else:
+            qk = qkv[:, : heads + kv_heads]
+        r = self.rope_index[i]
+        qk = _rope(qk, rows.cos[r], rows.sin[r])  # queries and keys rotated together
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         keys[i][rows.write_slot, :, rows.write_pos] = k.transpose(1, 2).reshape(B * n, kv_heads, d)
         values[i][rows.write_slot, :, rows.write_pos] = v.transpose(1, 2).reshape(B * n, kv_heads, d)
         first, end = rows.first, rows.end
         k_all, v_all = keys[i][first : first + B, :, :end], values[i][first : first + B, :, :end]
-        if rows.causal:  # a prefill: the causal kernel (folding would make the query's rows out of order)
+        windowed = self.traits.windows[i] is not None
+        bias = biases[1] if windowed else biases[0]
+        group = heads // kv_heads
+        if self.traits.attn_softcap is not None:
+            # as transformers' eager attention, which Gemma 2 runs (SDPA has no softcapping): scores, cap, mask,
+            # softmax in float32
+            k_all, v_all = k_all.repeat_interleave(group, dim=1), v_all.repeat_interleave(group, dim=1)
+            scores = softcap(torch.matmul(q, k_all.transpose(2, 3)) * self.scale, self.traits.attn_softcap)
+            if bias is not None:
+                scores = scores + bias
+            elif rows.causal:
+                keep = torch.ones(n, end, dtype=torch.bool, device=q.device).tril_(end - n)
+                scores = scores.masked_fill(~keep, float("-inf"))
+            a = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v_all)
+        elif rows.causal and not windowed:  # a prefill: the causal kernel (folding would put the rows out of order)
             a = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, scale=self.scale,
                                                enable_gqa=kv_heads != heads)
         else:
@@ -223,7 +276,6 @@ class Decoder(nn.Module):
             # one. Measured here (bf16, 2 threads, per layer): a batch of 8 two-node trees over 1,000
             # positions 1,222 us -> 546; one 17-node tree over 4,000 positions 1,045 -> 706
             # (benchmarks/attention_gqa.py).
-            group = heads // kv_heads
             a = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * n, d), k_all, v_all, attn_mask=bias,
                                                scale=self.scale).view(B, heads, n, d)
         return a.transpose(1, 2).reshape(B * n, -1)
@@ -243,8 +295,9 @@ class _Step(nn.Module):
         self.decoder = decoder
         self.every_layer = frozenset(range(len(decoder.layers) + 1))
 
-    def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, end):
-        return self.decoder(tokens, cos, sin, mask, keys, values, write_slot, write_pos, 0, end, self.every_layer)
+    def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, end, window_mask=None):
+        return self.decoder(tokens, cos, sin, mask, keys, values, write_slot, write_pos, 0, end, self.every_layer,
+                            window_mask=window_mask)
 
 
 def compiled_step(decoder: Decoder):
@@ -298,9 +351,10 @@ class StaticEngine:
         self.layers = self.decoder.layers
         self.heads, self.kv_heads, self.head_dim = self.decoder.heads, self.decoder.kv_heads, self.decoder.head_dim
         self.rotary = model.model.rotary_emb
+        self.traits = self.decoder.traits
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
-        self.cos = self.sin = None  # rotary tables [capacity, head_dim]; sin with its first half negated
+        self.cos = self.sin = None  # rotary tables [R, capacity, head_dim]; sin with its first half negated
         self.length = 0
         self.compiled = compiled_step(self.decoder) if compile else None
         self.compile_seconds = self._compile() if compile else 0.0
@@ -340,11 +394,17 @@ class StaticEngine:
         # (on the first call there is nothing to copy: the old lists are empty)
         for new, old in zip(self.keys + self.values, old_keys + old_values, strict=False):
             new[:, :, :n] = old[:, :, :n]
-        # The model's own rotary module computes the table, so every static rope scaling is honoured.
-        positions = torch.arange(cap, device=device).unsqueeze(0)
-        cos, sin = self.rotary(self.embed[:1].unsqueeze(0), positions)
-        half = self.head_dim // 2
-        self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        self.cos, self.sin, _ = rope_tables(
+            self.rotary, self.embed[:1].unsqueeze(0), torch.arange(cap, device=device), self.traits.rope_kinds)
+
+    def window_mask(self, mask, causal: bool, positions: torch.Tensor, start: int) -> torch.Tensor | None:
+        """The sliding-window layers' mask for new tokens at `positions` after `start` committed ones (None for
+        a model without them): see window_mask."""
+        if not self.traits.windowed:
+            return None
+        window = next(w for w in self.traits.windows if w is not None)
+        key_pos = torch.cat([torch.arange(start, device=positions.device), positions])
+        return window_mask(mask, causal, positions[None], key_pos[None], window)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None = None,
@@ -360,7 +420,7 @@ class StaticEngine:
         # [:end] the whole buffer, a case torch.compile guards on and would recompile for
         self._reserve(end + 1)
         device = tokens.device
-        cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
+        cos, sin = self.cos[:, positions][:, None, None], self.sin[:, positions][:, None, None]
         mask = None
         if n > 1 and (allowed is not None or start > 0):
             mask = torch.ones(n, end, dtype=torch.bool, device=device)
@@ -368,16 +428,17 @@ class StaticEngine:
                                                                             device=device).tril_()
             mask = mask[None, None]
         causal = n > 1 and mask is None  # a fresh prefill: plain causal attention
+        windowed = self.window_mask(mask, causal, positions, start)
         slot = torch.zeros(n, dtype=torch.long, device=device)
         write = torch.arange(start, end, device=device)
         if self.compiled is not None and start > 0 and not last_logits_only:
             # a copy, not a view: a view's offset into its base would be guarded on, and recompiled for
             logits, every_layer = self.compiled(tokens[None].clone(), cos, sin, mask, self.keys, self.values, slot,
-                                                write, end)
+                                                write, end, windowed)
             hidden = [every_layer[i] for i in hidden_layers]
         else:
             logits, ascending = self.decoder(tokens[None], cos, sin, mask, self.keys, self.values, slot, write, 0,
-                                             end, tuple(hidden_layers), last_logits_only, causal)
+                                             end, tuple(hidden_layers), last_logits_only, causal, windowed)
             hidden = in_order(ascending, hidden_layers)
         self.length = end
         return logits[0], [h[0] for h in hidden]
@@ -393,9 +454,11 @@ class StaticEngine:
         self._reserve(pos + 2)  # one slot to spare, as in `forward`
         device = self.embed.device
         position = torch.tensor([pos], device=device)
-        logits, _ = step(torch.tensor([[token]], device=device), self.cos[position][None, None],
-                         self.sin[position][None, None], None, self.keys, self.values,
-                         torch.zeros(1, dtype=torch.long, device=device), position, pos + 1)
+        # the earlier drafts sit at consecutive slots and positions: keys' positions are their slots
+        windowed = self.window_mask(None, False, position, pos)
+        logits, _ = step(torch.tensor([[token]], device=device), self.cos[:, position][:, None, None],
+                         self.sin[:, position][:, None, None], None, self.keys, self.values,
+                         torch.zeros(1, dtype=torch.long, device=device), position, pos + 1, windowed)
         return logits[0, -1]
 
     @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""transformers' own forward with a DynamicCache: the engine for any causal LM the static engine does not cover."""
+"""transformers' own forward on a full-length cache: the engine for every causal LM the static engine does not cover."""
 
 from __future__ import annotations
 
@@ -7,13 +7,67 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from ..errors import BlockdraftError
+
+# Attention layers whose KV entries a commit can keep or drop position by position. Anything else (recurrent,
+# convolutional or linear-attention state, chunked attention, layers that reuse another layer's cache) folds
+# every token it sees into a state that a rejected draft cannot be taken out of: such a model is refused.
+ATTENTION_TYPES = ("full_attention", "sliding_attention")
+# Model types whose cache is not a per-position KV cache even though their configs declare no layer types.
+RECURRENT_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba",
+                   "zamba2", "bamba", "falcon_h1", "nemotron_h", "lfm2", "lfm2_moe", "granitemoehybrid",
+                   "qwen3_next", "kimi_linear", "minimax")
+# Model types whose attention reads a key's place in the cache as its position: ALiBi biases built from the key's
+# index (a tree node's index is not its position), GPT-Neo's local layers windowed by index. Refused, since a
+# tree pass would give them other logits than plain decoding.
+INDEX_POSITIONED = {"bloom": "ALiBi biases from each key's index in the cache",
+                    "mpt": "ALiBi biases from each key's index in the cache"}
+
+
+def layer_windows(config) -> list[int | None]:
+    """Each decoder layer's sliding window (None: full attention), as transformers' cache reads the config.
+
+    Raises BlockdraftError for a model with a layer blockdraft cannot roll back."""
+    text = config.get_text_config(decoder=True)
+    model_type = getattr(text, "model_type", None) or config.model_type
+    if model_type in RECURRENT_TYPES or config.model_type in RECURRENT_TYPES:
+        raise BlockdraftError(f"'{config.model_type}' models keep a recurrent state that a rejected draft cannot be "
+                              "rolled back from: blockdraft cannot verify them exactly")
+    reason = INDEX_POSITIONED.get(config.model_type)
+    if config.model_type == "falcon" and getattr(config, "alibi", False):
+        reason = INDEX_POSITIONED["bloom"]
+    if config.model_type == "gpt_neo" and "local" in getattr(config, "attention_layers", ()):
+        reason = "local attention layers windowed by each key's index in the cache"
+    if reason:
+        raise BlockdraftError(f"'{config.model_type}' models use {reason}, not its position: a draft tree's nodes "
+                              "would see other positions than plain decoding, so blockdraft cannot verify them exactly")
+    try:  # transformers' own reading of the config (layer_types, or sliding_window / attention_chunk_size)
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types, kwargs = get_layer_types_and_kwargs(text)
+    except (ImportError, AttributeError):
+        window = getattr(text, "sliding_window", None)
+        types = getattr(text, "layer_types", None) or (
+            ["sliding_attention" if window else "full_attention"] * text.num_hidden_layers)
+        kwargs = [{"sliding_window": window} if t == "sliding_attention" else {} for t in types]
+    unknown = sorted(set(types) - set(ATTENTION_TYPES))
+    if unknown:
+        raise BlockdraftError(f"'{config.model_type}' has layers of type {', '.join(unknown)}, whose cache a rejected "
+                              "draft cannot be taken out of: blockdraft verifies only full and sliding-window "
+                              "attention layers")
+    return [k.get("sliding_window") if t == "sliding_attention" else None for t, k in zip(types, kwargs, strict=True)]
+
 
 class HFForward:
     """The same protocol as `StaticEngine` (reset / forward / commit), through `model(...)`.
 
-    Tree passes use a 4D additive mask and explicit position ids; a commit keeps the accepted
-    path's KV entries (moved next to the prefix when the path is not the first nodes) and slices
-    the rest off.
+    The cache keeps every position on every layer, sliding-window layers included (transformers' own
+    DynamicCache for a config keeps only a window there, which the tree passes' extra nodes and the
+    commits' slicing cannot be reconciled with). The window is then applied by the mask instead: each pass
+    builds one boolean mask per kind of layer (full; each window size) from the tree's ancestors and the
+    nodes' positions, and hands transformers a dict by layer type when the model mixes both kinds (how
+    transformers 5's models take precomputed masks, `masking_utils`). A commit keeps the accepted path's
+    entries (moved next to the prefix when the path is not the first nodes) and slices the rest off.
     """
 
     def __init__(self, model):
@@ -23,26 +77,57 @@ class HFForward:
         # transformers renamed `past_key_values` to `cache` in 5.x; pass whichever this version takes.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.windows = layer_windows(model.config)
+        if "position_ids" not in params:  # a tree node's position is not its index: it must be passed
+            raise BlockdraftError(f"'{model.config.model_type}' takes no position ids: blockdraft cannot verify "
+                                  "draft trees with it exactly")
+        self.windowed = any(w is not None for w in self.windows)
+        self.mixed = len(set(self.windows)) > 1
+        if self.mixed and len({w for w in self.windows if w is not None}) > 1:
+            raise BlockdraftError(f"'{model.config.model_type}' mixes several sliding-window sizes: not supported")
+        if self.mixed and not _takes_mask_per_layer_type(model):
+            raise BlockdraftError(f"'{model.config.model_type}' mixes full and sliding-window layers but its forward "
+                                  "takes no mask per layer type: blockdraft cannot verify it exactly")
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache()  # no config: full-length layers everywhere (see the class docstring)
         self.length = 0
+
+    def _masks(self, n: int, positions: torch.Tensor, allowed: torch.Tensor | None, device):
+        """The attention_mask argument: None (plain causal: transformers builds it), or an additive 4D mask,
+        or a dict of them by layer type."""
+        start = self.length
+        if allowed is None and not self.windowed:
+            return None
+        if allowed is None:
+            allowed = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+        full = torch.ones(n, start + n, dtype=torch.bool, device=device)
+        full[:, start:] = allowed
+        masks = {}
+        for window in set(self.windows):
+            keep = full
+            if window is not None:  # a key is seen while its position is within the window of the query's
+                key_pos = torch.cat([torch.arange(start, device=device), positions])
+                keep = full & (key_pos[None, :] > positions[:, None] - window)
+            masks[window] = self._additive(keep)
+        if not self.mixed:
+            return masks[self.windows[0]]
+        return {"full_attention": masks[None],
+                "sliding_attention": masks[next(w for w in self.windows if w is not None)]}
+
+    def _additive(self, keep: torch.Tensor) -> torch.Tensor:
+        dtype = self.model.dtype
+        mask = torch.zeros(1, 1, *keep.shape, dtype=dtype, device=keep.device)
+        return mask.masked_fill_(~keep, torch.finfo(dtype).min)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None = None,
                 hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False):
         n, start = tokens.shape[0], self.length
-        mask = None  # causal: transformers builds it itself
-        if allowed is not None:
-            dtype = self.model.dtype
-            full = torch.ones(n, start + n, dtype=torch.bool, device=tokens.device)
-            full[:, start:] = allowed
-            mask = torch.zeros(1, 1, n, start + n, dtype=dtype, device=tokens.device)
-            mask.masked_fill_(~full, torch.finfo(dtype).min)
         out = self.model(
             input_ids=tokens.unsqueeze(0),
             position_ids=positions.unsqueeze(0),
-            attention_mask=mask,
+            attention_mask=self._masks(n, positions, allowed, tokens.device),
             use_cache=True,
             logits_to_keep=1 if last_logits_only else 0,
             output_hidden_states=bool(hidden_layers),
@@ -64,3 +149,13 @@ class HFForward:
             layer.keys = layer.keys[..., : start + m, :]
             layer.values = layer.values[..., : start + m, :]
         self.length = start + m
+
+
+def _takes_mask_per_layer_type(model) -> bool:
+    """Whether the decoder's forward accepts a dict of masks by layer type (transformers 5's hybrid models do)."""
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model
+    try:
+        source = inspect.getsource(type(inner).forward)
+    except (OSError, TypeError):
+        return False
+    return "attention_mask, dict)" in source

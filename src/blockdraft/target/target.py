@@ -103,6 +103,12 @@ class Target:
             ids.add(self.tokenizer.eos_token_id)
         return ids
 
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a reply whatever the request says: a base model's end of turn (target/loading.py)."""
+        stops = getattr(self.model.generation_config, "stop_strings", None) or ()
+        return (stops,) if isinstance(stops, str) else tuple(stops)
+
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         """Prompt text -> token ids, through the chat template when the model has one."""
         if not isinstance(prompt, str) or not prompt.strip():
