@@ -441,7 +441,7 @@ def cmd_generate(args) -> int:
     drafter = make_drafter(with_budget(args.method, args.budget), target)
     decoder = SpeculativeDecoder(target, drafter, params, args.acceptor, pace=args.pace)
     ids = target.encode(prompt, chat_template=not args.no_chat_template)
-    streamer = None if args.json else TextStreamer(target.decode, args.stop)
+    streamer = None if args.json else TextStreamer(target.decode, tuple(args.stop) + target.stop_strings)
     result = decoder.generate(ids, args.max_new_tokens, tuple(args.stop), args.seed, on_tokens=streamer)
     s = result.stats
     if args.json:

@@ -213,7 +213,7 @@ def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str 
         try:
             if reply.chat:  # OpenAI's chat streams open with the role
                 yield reply.sse(reply.first_chunk())
-            deltas = TextDeltas(target.decode, reply.req.stop)
+            deltas = TextDeltas(target.decode, tuple(reply.req.stop) + target.stop_strings)
             while True:
                 kind, payload = await job.next()
                 if kind == "tokens":

@@ -115,8 +115,7 @@ def new_block_drafter(target, store: FeatureStore, cfg: BlockTrainConfig):
     model = BlockModel(model_cfg)
     if cfg.init_from_target:
         model.init_from_target(target.model)
-    sample = np.asarray(store.features[:: max(1, len(store.tokens) // 50_000)][:, store.layer_slice(layers)],
-                        dtype=np.float32)
+    sample = store.feature_sample(store.layer_slice(layers))
     model.set_feature_stats(torch.from_numpy(sample.mean(0)), torch.from_numpy(sample.std(0)))
     model.float().to(target.device)  # float32 weights; forward passes autocast to a bf16 target's dtype
     vocab = draft_vocabulary(store, DEFAULT_DRAFT_VOCAB if cfg.draft_vocab is None else cfg.draft_vocab,

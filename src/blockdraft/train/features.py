@@ -13,7 +13,8 @@ Layout of a store folder:
     tokens.npy           int32 [N]      the token ids, conversations back to back
     starts.npy           int64 [S+1]    where each conversation starts in `tokens`
     assistant.npy        uint8 [N]      1 where the *next* token belongs to an assistant reply
-    features.npy         float16 [N, len(layers) * hidden]   hidden_states[layer] concatenated
+    features.npy         float16 [N, len(layers) * hidden]   hidden_states[layer] concatenated (bfloat16 bits
+                         as uint16 where meta's feature_dtype says so: feature_dtype_for)
     topk_ids.npy         int32 [N, K]   the teacher's K most likely next tokens ...
     topk_logp.npy        float16 [N, K] ... and their log-probabilities (full-vocabulary softmax);
                                         reply positions only (elsewhere -1e4)
@@ -124,11 +125,34 @@ class FeatureStore:
         x = self.features[rows]
         if len(cols) != x.shape[1] or not np.array_equal(cols, np.arange(len(cols))):
             x = x[:, cols]
-        return torch.from_numpy(np.require(x, requirements="CW")).to(device).float()  # a memmap view is read-only
+        x = torch.from_numpy(np.require(x, requirements="CW"))  # a memmap view is read-only
+        return (x.view(torch.bfloat16) if self.bf16 else x).to(device).float()
+
+    @property
+    def bf16(self) -> bool:
+        """Features kept as bfloat16 bits (uint16 on disk): see FEATURE_DTYPE."""
+        return self.meta.get("feature_dtype") == "bfloat16"
+
+    def feature_sample(self, cols: np.ndarray, rows: int = 50_000) -> np.ndarray:
+        """float32 features of about `rows` evenly spaced tokens (for normalisation statistics)."""
+        return self.read(slice(None, None, max(1, len(self.tokens) // rows)), cols).numpy()
 
     def sequences(self):
         for a, b in zip(self.starts[:-1], self.starts[1:], strict=True):
             yield int(a), int(b)
+
+
+# Features are stored in 16 bits: float16 (more mantissa) unless the target computes them in bfloat16 anyway, or
+# its residual stream outgrows float16 (Gemma's: hidden states in the hundreds of thousands, measured on
+# gemma3-270m, where float16 gave inf and the block drafter's loss NaN). bfloat16 is kept as its raw bits (uint16):
+# numpy has no bfloat16.
+BF16_FAMILIES = ("gemma", "gemma2", "gemma3_text")
+
+
+def feature_dtype_for(target) -> str:
+    if target.dtype == torch.bfloat16 or target.config.model_type in BF16_FAMILIES:
+        return "bfloat16"
+    return "float16"
 
 
 @torch.inference_mode()
@@ -162,13 +186,15 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
 
     tokens = array("tokens", np.int32, (capacity,))
     assistant = array("assistant", np.uint8, (capacity,))
-    feats = array("features", np.float16, (capacity, len(layers) * h))
+    feature_dtype = meta.get("feature_dtype", "float16") if meta else feature_dtype_for(target)
+    feats = array("features", np.uint16 if feature_dtype == "bfloat16" else np.float16, (capacity, len(layers) * h))
     topk_ids = array("topk_ids", np.int32, (capacity, top_k))
     topk_logp = array("topk_logp", np.float16, (capacity, top_k))
     starts = array("starts", np.int64, (len(records) + 1,))
     meta = meta or {"target": target.name, "vocab_size": target.vocab_size, "hidden_size": h, "layers": list(layers),
                     "top_k": top_k, "max_len": max_len, "capacity": capacity, "n_tokens": 0, "n_seqs": 0,
-                    "next_record": 0, "seed": seed, "dtype": str(target.dtype).removeprefix("torch.")}
+                    "next_record": 0, "seed": seed, "dtype": str(target.dtype).removeprefix("torch."),
+                    "feature_dtype": feature_dtype}
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
     n, s = meta["n_tokens"], meta["n_seqs"]
@@ -186,7 +212,14 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
         # in the target's dtype, on its device; stored as float16 numpy arrays
         x = torch.tensor([ids], device=target.device)
         hs = target.model.base_model(input_ids=x, output_hidden_states=True, use_cache=False).hidden_states
-        feats[n : n + m] = torch.cat([hs[i][0] for i in layers], dim=-1).to(torch.float16).cpu().numpy()
+        stacked = torch.cat([hs[i][0] for i in layers], dim=-1)
+        if feature_dtype == "bfloat16":
+            feats[n : n + m] = stacked.to(torch.bfloat16).view(torch.uint16).cpu().numpy()
+        else:
+            if not bool(torch.isfinite(stacked.to(torch.float16)).all()):
+                raise BlockdraftError(f"target '{target.name}' has hidden states beyond float16's range: this store "
+                                      f"({out}) was begun in float16; build a new one (it will use bfloat16)")
+            feats[n : n + m] = stacked.to(torch.float16).cpu().numpy()
         # The teacher is only needed where drafts are trained (reply positions): the LM head over the
         # full vocabulary is a third of the forward's cost, so skip it elsewhere.
         rows = torch.tensor(mask, dtype=torch.bool)
