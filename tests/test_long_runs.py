@@ -181,3 +181,42 @@ def test_store_read_widens_exactly_what_numpy_would(stores):
         want = torch.from_numpy(np.asarray(store.features[r][:, cols], dtype=np.float32))
         got = store.read(r, cols)
         assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+def test_a_short_conversation_does_not_end_the_store(tiny, tmp_path):
+    """Conversations under 16 tokens used to stop the build (a base model's "Question: hi" turns are that short):
+    every conversation must be stored while there is room."""
+    short = [{"id": f"s{i}", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ab"}]}
+             for i in range(5)]
+    store = build_store(tiny, short + conversations(10), tmp_path / "store", max_tokens=6000, max_len=64, top_k=8)
+    assert store.meta["n_seqs"] == 15 and store.meta["complete"]
+
+
+def test_hidden_states_beyond_float16_are_stored_as_bfloat16(tmp_path):
+    """Gemma's residual stream outgrows float16 (inf, then a NaN loss): its stores keep bfloat16 bits; a float16
+    store that meets such states says so instead of storing inf."""
+    from conftest import char_tokenizer, tiny_llama
+    from tiny_architectures import tiny_model
+
+    from blockdraft import Target
+    from blockdraft.errors import BlockdraftError
+
+    gemma = tiny_model("gemma3-text", 34)
+    with torch.no_grad():
+        gemma.model.embed_tokens.weight.mul_(1e5)
+    target = Target(gemma, char_tokenizer(), name="tiny-gemma", feature_layers=(1, 2))
+    store = build_store(target, conversations(4), tmp_path / "gemma", max_tokens=600, max_len=64, top_k=8)
+    assert store.meta["feature_dtype"] == "bfloat16"
+    got = store.read(slice(0, 20), np.arange(store.features.shape[1]))
+    ids = torch.tensor([store.tokens[:20].tolist()])
+    with torch.no_grad():
+        states = gemma.model(input_ids=ids, output_hidden_states=True).hidden_states
+    want = torch.cat([states[i][0] for i in store.layers], dim=-1)
+    assert want.abs().max() > 65504 and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # bfloat16's 8 bits of mantissa
+    llama = tiny_llama(vocab_size=34)
+    with torch.no_grad():
+        llama.model.embed_tokens.weight.mul_(1e7)
+    with pytest.raises(BlockdraftError, match="beyond float16's range"):
+        build_store(Target(llama, char_tokenizer(), name="big"), conversations(4), tmp_path / "llama",
+                    max_tokens=600, max_len=64, top_k=8)

@@ -332,3 +332,17 @@ def test_candidates_agree_with_brute_force_continuation_counts():
                         counts[tuple(cont[:d])] = counts.get(tuple(cont[:d]), 0) + 1
         got = {tuple(_path(cand, i)): p for i, p in enumerate(cand.prob)}
         assert got == pytest.approx({k: v / occurrences for k, v in counts.items()})
+
+
+def test_hybrid_defaults_to_the_learned_drafter_that_ships_for_the_target(tiny, tmp_path, monkeypatch):
+    """hydra where it ships (the default target), else treeflash, else recycle: a new target's `hybrid` runs."""
+    from blockdraft import methods
+
+    monkeypatch.setattr(methods, "CHECKPOINTS", tmp_path)
+    assert methods.default_hybrid_sources(tiny) == "suffix+recycle"  # nothing ships
+    for shipped, expected in (("treeflash", "suffix+treeflash"), ("hydra", "suffix+hydra")):
+        (tmp_path / tiny.name / shipped).mkdir(parents=True)
+        (tmp_path / tiny.name / shipped / "config.json").write_text("{}")
+        assert methods.default_hybrid_sources(tiny) == expected
+    hybrid = make_drafter("hybrid:cost=off", methods.Target(tiny.model, tiny.tokenizer, name="another"))
+    assert sorted(hybrid.retrieval) == ["recycle", "suffix"] and hybrid.learned is None

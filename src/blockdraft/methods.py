@@ -75,11 +75,19 @@ def rest_method(target: Target, datastore: str | None = None, **options) -> Draf
 LEARNED_SOURCES = ("treeflash", "hydra", "bpd-tree", "ddtree", "quantized")
 
 
-def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = HYBRID_BUDGET, skip: float = 4.0,
+def default_hybrid_sources(target: Target) -> str:
+    """suffix plus the first learned drafter that ships for this target (hydra, then treeflash), else recycle."""
+    for learned in ("hydra", "treeflash"):
+        if (CHECKPOINTS / target.name / learned / "config.json").is_file():
+            return f"suffix+{learned}"
+    return "suffix+recycle"
+
+
+def hybrid_method(target: Target, sources: str | None = None, budget: int = HYBRID_BUDGET, skip: float = 4.0,
                   weights: str | None = None, cost: str = "auto", learned_budget: int = 16,
                   gate: bool = True, **learned_options) -> Drafter:
     """Factory for `hybrid`: sources= (separated by + or ,: suffix, rest, recycle, and at most one learned drafter of
-    LEARNED_SOURCES),
+    LEARNED_SOURCES; default: default_hybrid_sources),
     weights= (one multiplier per source, same order), budget= (nodes at most), skip= (expected accepted
     tokens from retrieval above which the learned drafter is not run), gate=true|false (run the learned
     drafter only where its measured gain pays for its measured time), cost=auto|off (cost-aware size); any other
@@ -87,6 +95,7 @@ def hybrid_method(target: Target, sources: str = "suffix+hydra", budget: int = H
     from .drafters.hybrid import HybridDrafter
     from .trees.budget import cost_curve
 
+    sources = sources or default_hybrid_sources(target)
     # '+' separates sources inside bench's comma-separated --methods list; ',' works elsewhere
     names = [n.strip() for n in str(sources).replace("+", ",").split(",") if n.strip()]
     factors = ([float(w) for w in str(weights).replace("+", ",").split(",")] if weights is not None

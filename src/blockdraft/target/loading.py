@@ -42,12 +42,14 @@ ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m", "
 # (float32, greedy): under Gemma's own turn format it echoes the question ("What is the capital of France?
 # mendatang", repeated); framed as "Question: ...\nAnswer:" it answers ("Paris"; a prime test in Python), then
 # starts the next "Question:". That frame is the template such a model gets, and "\nQuestion:" ends its turn
-# (a stop string, kept in the converted folder's generation config). A model family's end-of-turn token stops
-# generation too.
+# (a stop string, kept in the converted folder's generation config). A reply is rendered as the model wrote it
+# (its own leading space or newlines after "Answer:"), so drafters learn the tokens it generates. A model family's
+# end-of-turn token stops generation too.
 BASE_MODEL_TEMPLATE = (
     "{{ bos_token }}{%- for m in messages -%}{%- if m['role'] == 'system' -%}{{ m['content'] | trim + '\n\n' }}"
     "{%- elif m['role'] == 'user' -%}{{ 'Question: ' + (m['content'] | trim) + '\n' }}"
-    "{%- else -%}{{ 'Answer: ' + (m['content'] | trim) + '\n' }}{%- endif -%}{%- endfor -%}"
+    "{%- else -%}{{ 'Answer:' + (m['content'] if m['content'][:1] in [' ', '\n'] else ' ' + m['content']) + '\n' }}"
+    "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ 'Answer:' }}{%- endif -%}")
 BASE_MODEL_STOP = "\nQuestion:"
 END_OF_TURN = {"gemma3_text": "<end_of_turn>", "gemma3": "<end_of_turn>", "gemma2": "<end_of_turn>",
@@ -126,9 +128,12 @@ def _named_target_file(named: NamedTarget, key: str) -> Path:
     return path
 
 
+CONVERSION = ":2"  # what a conversion adds to the file (chat defaults): a new value converts GGUF files again
+
+
 def _gguf_cache_folder(gguf: Path) -> Path:
     stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{gguf}:{stat.st_size}:{int(stat.st_mtime)}{CONVERSION}".encode()).hexdigest()[:12]
     return cache_dir() / "gguf" / f"{gguf.stem}-{key}"
 
 

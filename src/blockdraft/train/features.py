@@ -205,9 +205,9 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
         if conv is None:
             continue
         ids, mask = conv
-        m = min(len(ids), max_tokens - n)
-        if m < 16:
+        if max_tokens - n < 16:  # full (a short conversation is no reason to stop: it used to end the store)
             break
+        m = min(len(ids), max_tokens - n)
         ids, mask = ids[:m], mask[:m]
         # in the target's dtype, on its device; stored as float16 numpy arrays
         x = torch.tensor([ids], device=target.device)
