@@ -113,8 +113,8 @@ class BatchEngine:
 
     def _window(self, mask, causal: bool, pos, key_pos):
         """The sliding-window layers' mask (None for a model without them): engine.window_mask."""
-        windows = [w for w in self.w.traits.windows if w is not None]
-        return window_mask(mask, causal, pos, key_pos, windows[0]) if windows else None
+        window = self.w.traits.window
+        return None if window is None else window_mask(mask, causal, pos, key_pos, window)
 
     def _end(self, first: int, tokens) -> int:
         """One past the last position a block for slots first.. writes (pad rows included)."""

@@ -402,9 +402,8 @@ class StaticEngine:
         a model without them): see window_mask."""
         if not self.traits.windowed:
             return None
-        window = next(w for w in self.traits.windows if w is not None)
         key_pos = torch.cat([torch.arange(start, device=positions.device), positions])
-        return window_mask(mask, causal, positions[None], key_pos[None], window)
+        return window_mask(mask, causal, positions[None], key_pos[None], self.traits.window)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None = None,

@@ -36,8 +36,13 @@ class Traits:
     rope_kinds: tuple[str | None, ...] = ()  # per layer: its rotary table's layer type (Gemma 3's local/global)
 
     @property
+    def window(self) -> int | None:
+        """The sliding window of the windowed layers (one size: traits_of refuses several), None without them."""
+        return next((w for w in self.windows if w is not None), None)
+
+    @property
     def windowed(self) -> bool:
-        return any(w is not None for w in self.windows)
+        return self.window is not None
 
 
 def traits_of(model) -> Traits | None:
