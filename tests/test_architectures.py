@@ -18,7 +18,7 @@ from blockdraft import Target
 from blockdraft.decoding import SpeculativeDecoder
 from blockdraft.errors import BlockdraftError
 from blockdraft.methods import make_drafter
-from blockdraft.target import engine as static_engine
+from blockdraft.model import engine as static_engine
 from blockdraft.trees import DraftTree
 
 PROMPT = "abcabcabc abcabcabc abcabc abc abcabcab"
@@ -109,7 +109,7 @@ def test_models_that_cannot_be_verified_exactly_are_refused(model_type, fields, 
 
 @pytest.mark.parametrize("kind", ["chunked_attention", "linear_attention"])
 def test_layers_other_than_full_or_sliding_attention_are_refused(kind):
-    from blockdraft.target.hf_forward import layer_windows
+    from blockdraft.model.hf_forward import layer_windows
 
     config = AutoConfig.for_model("llama", num_hidden_layers=2)
     config.layer_types = [kind, "full_attention"]

@@ -12,7 +12,7 @@ from blockdraft.decoding import BatchDecoder
 from blockdraft.decoding.batch import fork_drafter
 from blockdraft.drafters import PromptLookupDrafter
 from blockdraft.errors import BlockdraftError
-from blockdraft.target.batch_engine import BatchEngine
+from blockdraft.model.batch_engine import BatchEngine
 from blockdraft.trees import DraftTree
 from conftest import CHARS, char_tokenizer, tiny_llama
 from drafters_for_tests import RandomTreeDrafter

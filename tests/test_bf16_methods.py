@@ -14,7 +14,7 @@ from blockdraft import SamplingParams, SpeculativeDecoder, Target, methods
 from blockdraft.bench import ties
 from blockdraft.drafters import HeadsDrafter
 from blockdraft.methods import METHODS, make_drafter
-from blockdraft.target import packing
+from blockdraft.model import packing
 
 TOKENS = 32
 

@@ -6,8 +6,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 
 from blockdraft import NoDrafter, SpeculativeDecoder, Target
 from blockdraft.errors import BlockdraftError
-from blockdraft.target import engine as static_engine
-from blockdraft.target.hf_forward import HFForward
+from blockdraft.model import engine as static_engine
+from blockdraft.model.hf_forward import HFForward
 from blockdraft.trees import DraftTree
 
 from conftest import tiny_llama

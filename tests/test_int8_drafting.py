@@ -1,4 +1,4 @@
-"""Int8 copies of drafter weights (target/packing.py): few-row calls read them, larger calls and the target
+"""Int8 copies of drafter weights (model/packing.py): few-row calls read them, larger calls and the target
 never do, `auto` picks large float32 weights, and decoding with them stays lossless."""
 
 import pytest
@@ -8,7 +8,7 @@ from test_bf16_methods import drafter_modules
 from blockdraft import SpeculativeDecoder, methods
 from blockdraft.errors import BlockdraftError
 from blockdraft.methods import make_drafter
-from blockdraft.target import packing
+from blockdraft.model import packing
 
 TOKENS = 24
 

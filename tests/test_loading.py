@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from blockdraft import BlockdraftError, Target
-from blockdraft.target import loading
+from blockdraft.model import loading
 
 
 def test_named_target_missing_package_says_the_install_command(monkeypatch):

@@ -8,8 +8,8 @@ import torch
 
 from blockdraft import BlockdraftError, Target
 from blockdraft.cli import main
-from blockdraft.target import precision
-from blockdraft.target.precision import cache_key, resolve_device, resolve_dtype, resolve_precision
+from blockdraft.model import precision
+from blockdraft.model.precision import cache_key, resolve_device, resolve_dtype, resolve_precision
 from blockdraft.trees import budget
 
 

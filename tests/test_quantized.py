@@ -40,7 +40,7 @@ def test_greedy_output_is_plain_greedy_output(weights):
 
 def lowered_reference(model, weights: str) -> torch.nn.Module:
     """The same model with every projection's weight replaced by its lowered (and dequantized) value."""
-    from blockdraft.target import packing
+    from blockdraft.model import packing
 
     ref = tiny_llama(vocab_size=34, seed=0, logit_scale=6.0, layers=2)
     ref.load_state_dict(model.state_dict())

@@ -15,7 +15,7 @@ pytest.importorskip("uvicorn")
 from blockdraft.decoding import SpeculativeDecoder  # noqa: E402
 from blockdraft.drafters import NoDrafter  # noqa: E402
 from blockdraft import Target  # noqa: E402
-from blockdraft.target.batch_engine import BatchEngine  # noqa: E402
+from blockdraft.model.batch_engine import BatchEngine  # noqa: E402
 from serve_fixtures import chat_target, running_server  # noqa: E402
 
 STEP_S = 0.02  # an artificially slow target: every verification pass sleeps this long

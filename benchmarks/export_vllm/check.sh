@@ -46,7 +46,7 @@ mkdir -p "$OUT"
 
 # The dequantised HF folder of the default target: what blockdraft itself loads, and what vLLM gets.
 TARGET=$(PYTHONPATH="$REPO/src" "$PYTHON" -c "
-from blockdraft.target.loading import _convert_gguf, resolve_target
+from blockdraft.model.loading import _convert_gguf, resolve_target
 print(_convert_gguf(resolve_target('smollm2-135m').path))") || { echo "check.sh: cannot find the default target" >&2; exit 2; }
 log "target: $TARGET"
 

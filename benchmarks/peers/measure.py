@@ -46,7 +46,7 @@ def prepare(args) -> None:
     from transformers import AutoTokenizer
 
     from blockdraft.bench.questions import default_question_file, load_questions
-    from blockdraft.target.loading import _convert_gguf, resolve_target
+    from blockdraft.model.loading import _convert_gguf, resolve_target
 
     source = resolve_target(args.target)
     if not source.is_gguf:

@@ -19,7 +19,7 @@ OUT=${OUT:-benchmarks/$(date +%F)-serve-vllm}
 PYTHON=${PYTHON:-python3}
 [ -x "$venv/bin/python" ] || { echo "no vLLM venv at $venv: run benchmarks/peers/run.sh --install-only" >&2; exit 1; }
 mkdir -p "$OUT"
-folder=$("$PYTHON" -c "from blockdraft.target.loading import _convert_gguf, resolve_target; print(_convert_gguf(resolve_target(None).path))")
+folder=$("$PYTHON" -c "from blockdraft.model.loading import _convert_gguf, resolve_target; print(_convert_gguf(resolve_target(None).path))")
 iomp=$(find "$venv/lib" -name 'libiomp5.so' -print -quit)
 env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))" OMP_NUM_THREADS="$THREADS" VLLM_CPU_KVCACHE_SPACE=2 \

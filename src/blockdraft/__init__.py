@@ -5,7 +5,7 @@ from .decoding import BatchDecoder, GenerationResult, GenerationStats, Speculati
 from .drafters import DraftContext, Drafter, NoDrafter, PromptLookupDrafter
 from .errors import BlockdraftError
 from .methods import METHODS, make_drafter
-from .target import Target
+from .model import Target
 from .trees import DraftTree
 from .verify import SamplingParams, make_acceptor
 

@@ -10,7 +10,7 @@ import torch
 from .decoding import GenerationResult, SpeculativeDecoder
 from .errors import BlockdraftError
 from .methods import make_drafter
-from .target import DEFAULT_TARGET, Target, resolve_precision
+from .model import DEFAULT_TARGET, Target, resolve_precision
 from .verify import SamplingParams
 
 

@@ -426,7 +426,7 @@ def cmd_analyze(args) -> int:
 
 def cmd_generate(args) -> int:
     from .decoding import SpeculativeDecoder
-    from .target.precision import dtype_name
+    from .model.precision import dtype_name
     from .methods import make_drafter
     from .verify import SamplingParams, make_acceptor
 
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         if hasattr(args, "dtype"):  # bad --dtype / --device values fail first, in one line
-            from .target import resolve_precision
+            from .model import resolve_precision
 
             args.dtype, args.device = resolve_precision(args.dtype, args.device)
         return COMMANDS[args.command](args)

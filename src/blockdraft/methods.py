@@ -11,8 +11,8 @@ from .drafters.hybrid import BUDGET as HYBRID_BUDGET
 from .drafters.quantized import QuantizedDrafter
 from .drafters.recycle import RecycleDrafter
 from .errors import BlockdraftError
-from .target import Target
-from .target.packing import prepack_linears
+from .model import Target
+from .model.packing import prepack_linears
 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"  # shipped drafters: CHECKPOINTS/<target name>/<method>
 

@@ -12,8 +12,8 @@ import torch
 from tqdm import tqdm
 
 from ..errors import BlockdraftError
-from ..target import Target
-from ..target.precision import dtype_name
+from ..model import Target
+from ..model.precision import dtype_name
 from ..verify import SamplingParams
 from .metrics import summarize
 from .questions import Question

@@ -11,7 +11,7 @@ import torch
 from ..decoding import SpeculativeDecoder
 from ..errors import BlockdraftError
 from ..methods import METHODS, make_drafter, parse_method
-from ..target import Target
+from ..model import Target
 from ..verify import SamplingParams
 
 HF_METHODS = {

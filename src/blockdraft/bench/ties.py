@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..target.loading import cache_dir
-from ..target.precision import cache_key, dtype_name
+from ..model.loading import cache_dir
+from ..model.precision import cache_key, dtype_name
 from ..trees import DraftTree
 
 QUANTILE = 0.999

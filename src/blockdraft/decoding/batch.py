@@ -21,8 +21,8 @@ import torch
 
 from ..drafters import DraftContext, Drafter
 from ..errors import BlockdraftError
-from ..target import Target
-from ..target.batch_engine import BatchEngine
+from ..model import Target
+from ..model.batch_engine import BatchEngine
 from ..verify import Acceptor, SamplingParams, make_acceptor
 from .prefix_cache import CachedPrefix, PrefixCache
 from .stats import GenerationResult, GenerationStats

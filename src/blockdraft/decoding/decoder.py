@@ -10,7 +10,7 @@ import torch
 from ..drafters import DraftContext, Drafter
 from ..drafters.ar import NoDrafter
 from ..errors import BlockdraftError
-from ..target import Target
+from ..model import Target
 from ..trees import DraftTree
 from ..verify import Acceptor, SamplingParams, make_acceptor
 from .pacer import Pacer

@@ -120,7 +120,7 @@ class BlockLayer(nn.Module):
         q = rope(q, pos, c.rope_theta)
         k, v = self.kv(h, pos)
         k, v = torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1)
-        # Grouped-query attention folded into a longer query, as in the target's engine (target/engine.py):
+        # Grouped-query attention folded into a longer query, as in the target's engine (model/engine.py):
         # the `group` query heads that share a KV head are contiguous, so [heads, n, hd] views as
         # [kv_heads, group * n, hd], each row under its token's mask row. 4-D inputs also let SDPA take its
         # fused CPU kernel; the 3-D, repeat_interleave'd form ran the math path, which at ~4,000 context

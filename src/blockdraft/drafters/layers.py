@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..target import packing
+from ..model import packing
 
 
 class ResidualFFN(nn.Module):
@@ -60,7 +60,7 @@ class FrozenLMHead(nn.Module):
 
     def prepack(self, int8: bool | str = False) -> None:
         """Pack the weight for oneDNN inference, with an int8 copy for few-row calls as `int8` says (see
-        target/packing.py); called for decoding only."""
+        model/packing.py); called for decoding only."""
         self.packed = packing.pack(self.weight)
         self.int8 = packing.quantize(self.weight) if packing.wants_int8(self.weight, int8) else None
 

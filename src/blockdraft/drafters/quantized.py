@@ -31,7 +31,7 @@ import time
 import torch
 
 from ..errors import BlockdraftError
-from ..target.engine import Decoder, StaticEngine, _Linear, _Step, compiled_step
+from ..model.engine import Decoder, StaticEngine, _Linear, _Step, compiled_step
 from ..trees import DraftTree
 from ..trees.sampled import drafting_generator
 from ..verify.base import sample

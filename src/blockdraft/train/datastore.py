@@ -13,7 +13,7 @@ import numpy as np
 from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..drafters.rest import Datastore
 from ..errors import BlockdraftError
-from ..target.loading import cache_dir
+from ..model.loading import cache_dir
 from .ngram import token_sequences
 
 WHOLE = 10**9  # no cut: whole conversations

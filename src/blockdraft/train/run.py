@@ -10,7 +10,7 @@ from ..data.sharegpt import data_path, load_conversations, split_conversations
 from ..drafters.block import BLOCK_STYLES
 from ..drafters.heads import HEAD_STYLES
 from ..errors import BlockdraftError
-from ..target.loading import cache_dir
+from ..model.loading import cache_dir
 from .block import BlockTrainConfig, train_block
 from .common import saved_state
 from .datastore import DatastoreTrainConfig, train_datastore

@@ -24,8 +24,8 @@ import torch
 from tqdm import tqdm
 
 from ..errors import BlockdraftError
-from ..target.loading import cache_dir
-from ..target.precision import cache_key
+from ..model.loading import cache_dir
+from ..model.precision import cache_key
 from .tree import DraftTree
 
 # Sizes the curve is measured at, including both sides of each step: oneDNN's AMX kernels take rows in tiles of

@@ -23,7 +23,7 @@ class BatchEngine:
 
     def __init__(self, engine: StaticEngine, slots: int):
         if not isinstance(engine, StaticEngine):
-            raise BlockdraftError("batched decoding needs the static engine (target/traits.py); this target "
+            raise BlockdraftError("batched decoding needs the static engine (model/traits.py); this target "
                                   "runs on transformers' forward: serve it with --max-batch 1")
         if slots < 1:
             raise BlockdraftError(f"a batch needs at least one slot, got {slots}")

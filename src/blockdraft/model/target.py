@@ -25,7 +25,7 @@ class TargetOutput:
 def make_forwarder(model, engine: str = "auto", compile: bool = False):
     """'static': the fast static-cache engine (Llama-family models); 'hf': transformers' forward;
     'auto': static where it supports the model, else hf. `compile` runs the static engine's steps through
-    torch.compile (target/engine.py); transformers' forward stays eager."""
+    torch.compile (model/engine.py); transformers' forward stays eager."""
     if engine not in ("auto", "static", "hf"):
         raise BlockdraftError(f"unknown engine '{engine}': choose auto, static or hf")
     supported = engine != "hf" and static_engine.supports(model)
@@ -48,7 +48,7 @@ class Target:
     `dtype` and `device` are the model's own: the one source of truth that drafters, rescorers
     and runners read to place their tensors (choose them with `Target.load(dtype=, device=)`).
     `compile=True` compiles the engine's decoding steps (~1.5 min once per process on 2 cores, then
-    ~20% faster steps; see target/engine.py); `compiled` and `compile_seconds` report it.
+    ~20% faster steps; see model/engine.py); `compiled` and `compile_seconds` report it.
     """
 
     def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = (),
@@ -105,7 +105,7 @@ class Target:
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        """Strings that end a reply whatever the request says: a base model's end of turn (target/loading.py)."""
+        """Strings that end a reply whatever the request says: a base model's end of turn (model/loading.py)."""
         stops = getattr(self.model.generation_config, "stop_strings", None) or ()
         return (stops,) if isinstance(stops, str) else tuple(stops)
 

@@ -1,4 +1,4 @@
-"""A static-cache forward (gpt-fast style) for the families of target/traits.py: fused projections, in-place commits.
+"""A static-cache forward (gpt-fast style) for the families of model/traits.py: fused projections, in-place commits.
 
 transformers' eager forward spends most of a one-token step on per-call overhead: 7 matmuls per layer,
 a cache object that concatenates and slices 2 x num_layers tensors every step, mask and position
@@ -6,7 +6,7 @@ plumbing. This engine runs the same weights with 4 matmuls per layer (QKV and ga
 buffer preallocated in chunks that verification writes into and `commit` compacts in place, and
 nothing else. It reproduces the model's own forward (same RMSNorm, rotary embedding and SDPA
 attention; checked against it in tests/test_engine.py) for the architectures `supports` accepts (Llama, Mistral,
-Qwen2/3, Gemma 1/2/3: their differences are a few declared traits, target/traits.py);
+Qwen2/3, Gemma 1/2/3: their differences are a few declared traits, model/traits.py);
 any other model keeps transformers' forward (`Target` falls back by itself). With `compile=True` the
 decoding steps run through torch.compile (`compiled_step`).
 """
@@ -30,7 +30,7 @@ RECOMPILE_LIMIT = 256  # compiled graphs kept per process (2 per compiled target
 
 
 def supports(model) -> bool:
-    """Whether `model` is a decoder this engine reproduces exactly (its traits: target/traits.py)."""
+    """Whether `model` is a decoder this engine reproduces exactly (its traits: model/traits.py)."""
     return traits_of(model) is not None
 
 
@@ -57,7 +57,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 class _Linear(nn.Module):
     """y = x W^T + b for one or several projections of the same input concatenated (q|k|v, gate|up),
-    prepacked for oneDNN where that applies (target/packing.py), or lowered to float16 or int8 in a
+    prepacked for oneDNN where that applies (model/packing.py), or lowered to float16 or int8 in a
     drafting copy of the decoder (`lower`)."""
 
     def __init__(self, linears):
@@ -143,7 +143,7 @@ class Rows(NamedTuple):
 
 
 class Decoder(nn.Module):
-    """The forward pass on fused weights, for one sequence or a batch (target/batch_engine.py), eager or compiled.
+    """The forward pass on fused weights, for one sequence or a batch (model/batch_engine.py), eager or compiled.
 
     `forward` runs one block of rows (see Rows). `run` runs several in one pass, such as a batch's decoding
     step and a newcomer's prompt chunk: the projections and MLPs see all their rows at once (one matmul

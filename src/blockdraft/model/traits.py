@@ -2,7 +2,7 @@
 
 gpt-fast's point is that a decoder family is a handful of switches on one forward pass, not a copy of it.
 `traits_of(model)` reads them from a transformers model (None: the engine does not reproduce it, and the model
-keeps transformers' forward); target/engine.py runs whichever combination it gets.
+keeps transformers' forward); model/engine.py runs whichever combination it gets.
 """
 
 from __future__ import annotations
