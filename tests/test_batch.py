@@ -9,7 +9,6 @@ import torch
 
 from blockdraft import NoDrafter, SpeculativeDecoder, Target
 from blockdraft.decoding import BatchDecoder
-from blockdraft.decoding.batch import fork_drafter
 from blockdraft.drafters import PromptLookupDrafter
 from blockdraft.errors import BlockdraftError
 from blockdraft.model.batch_engine import BatchEngine
@@ -228,7 +227,7 @@ def test_fork_shares_weights_but_not_state():
 
     base = Lattice()
     tree = TreeDrafter(base, "best", budget=4)
-    twin = fork_drafter(tree)
+    twin = tree.fork()
     assert twin is not tree and twin.base is not tree.base and twin.base.num_tokens == base.num_tokens
     twin.reset([1, 2, 3])
     twin.base.gain[2] = 0.0
@@ -259,7 +258,7 @@ def test_fork_reaches_drafters_inside_containers():
 
     learned = FeatureRecorder((1,), seed=0)
     hybrid = HybridDrafter({"suffix": SuffixDrafter()}, ("treeflash", learned))
-    twin = fork_drafter(hybrid)
+    twin = hybrid.fork()
     assert twin.retrieval["suffix"] is not hybrid.retrieval["suffix"]
     assert twin.learned[0] == "treeflash" and twin.learned[1] is not learned
     assert twin.calibrator is hybrid.calibrator  # learnt across generations on purpose: shared

@@ -11,73 +11,30 @@ scheduler does), not in a pass of its own while they wait. With the greedy accep
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
 
-from ..drafters import DraftContext, Drafter
+from ..drafters import Drafter
 from ..errors import BlockdraftError
 from ..model import Target
 from ..model.batch_engine import BatchEngine
-from ..verify import Acceptor, SamplingParams, make_acceptor
+from ..verify import SamplingParams
 from .prefix_cache import CachedPrefix, PrefixCache
-from .stats import GenerationResult, GenerationStats
-from .stopping import Stopper
+from .sequence import Sequence, TokenCallback
 
 
-def fork_drafter(drafter: Drafter) -> Drafter:
-    """A drafter with its own per-sequence state and the same weights: drafters keep their state in
-    attributes that `reset` and `propose` reassign, so a shallow copy (recursively through wrapped
-    drafters: a tree's base, a hybrid's sources in their dict and tuple) is independent without
-    copying any checkpoint. What a drafter deliberately learns across generations in place (the
-    hybrid's acceptance calibration) stays shared; what it reassigns (suffix's global tree) stays
-    with the fork, so such learning does not carry from batched sequences to later ones."""
-    twin = copy.copy(drafter)
-    for name, value in vars(drafter).items():
-        forked = _fork_value(value)
-        if forked is not value:
-            setattr(twin, name, forked)
-    return twin
+@dataclass(eq=False)
+class BatchSequence(Sequence):
+    """A sequence inside the batch: the shared state plus its slot and its prompt's way into the cache."""
 
-
-def _fork_value(value):
-    if isinstance(value, Drafter):
-        return fork_drafter(value)
-    if isinstance(value, dict) and any(isinstance(v, Drafter) for v in value.values()):
-        return {k: _fork_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and any(isinstance(v, Drafter) for v in value):
-        return type(value)(_fork_value(v) for v in value)
-    return value
-
-
-@dataclass(eq=False)  # a sequence is itself: finding it in the batch's lists compares identities, not fields
-class Sequence:
-    """One request's decoding state inside the batch."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    drafter: Drafter
-    acceptor: Acceptor
-    stopper: Stopper
-    gen: torch.Generator
-    on_tokens: Callable[[list[int], list[bool]], None] | None
-    stats: GenerationStats
-    tokens: list[int] = field(default_factory=list)  # prompt + output; tokens[-1] is the next tree's root
-    new: list[int] = field(default_factory=list)
-    features: torch.Tensor | None = None  # features of the tokens committed since the last propose()
     prefilled: int = 0  # prompt tokens in the KV cache while the sequence waits to decode
     looked_up: bool = False  # whether the prefix cache was asked for its prompt (once, when it is next in line)
     prompt_features: list[torch.Tensor] = field(default_factory=list)  # their features, chunk by chunk
     feature_history: list[torch.Tensor] | None = None  # features of every committed position (for the prefix cache)
-    verified: tuple | None = None  # the last step's tree and its logits (what token recycling reads)
-    keep_chars: int | None = None
     slot: int = -1
-    started: float = 0.0
-    result: GenerationResult | None = None
     error: Exception | None = None  # why it stopped without a result
     tag: object = None  # the caller's (e.g. the server's job)
 
@@ -100,6 +57,13 @@ class BatchDecoder:
     With `prefix_cache_mb` > 0, finished sequences leave their KV entries in a `PrefixCache` of that size, and so
     do prompts as soon as they are prefilled; a new prompt that starts like one of them prefills only what
     differs (a conversation's next turn, a system prompt shared by requests that arrive together).
+
+    What is the batch's alone, and why: the prefix cache (it stores the batch engine's per-slot KV entries; the
+    single decoder's cache is the Target's own, reset by every prefill) and the row cap (it exists because trees are
+    padded to the batch's largest). The pacer is the single decoder's alone: it compares one sequence's drafted and
+    plain step times, and in a batch a step's time is shared by every row, so no sequence's own cost is measured.
+    Everything after the verification pass (accept, commit, statistics, stopping rules) is `Sequence.advance`,
+    the same code `SpeculativeDecoder` runs.
     """
 
     def __init__(self, target: Target, max_batch: int = 8, max_nodes: int | None = None, max_rows: int | None = 16,
@@ -121,12 +85,12 @@ class BatchDecoder:
         self.max_rows = max_rows
         self.engine = BatchEngine(target.forwarder, max_batch)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
-        self.decoding: list[Sequence] = []  # decoding[i] lives in slot i
-        self.waiting: list[Sequence] = []  # waiting[i] lives in slot len(decoding) + i
+        self.decoding: list[BatchSequence] = []  # decoding[i] lives in slot i
+        self.waiting: list[BatchSequence] = []  # waiting[i] lives in slot len(decoding) + i
         self.forwards = 0  # batched verification forwards run (for tests and metrics)
 
     @property
-    def active(self) -> list[Sequence]:
+    def active(self) -> list[BatchSequence]:
         """Every sequence in the batch, decoding or waiting for its prompt."""
         return self.decoding + self.waiting
 
@@ -136,36 +100,24 @@ class BatchDecoder:
 
     def add(self, prompt_ids: list[int], drafter: Drafter, params: SamplingParams | None = None,
             max_new_tokens: int = 128, stop_strings: tuple[str, ...] = (), seed: int | None = None,
-            on_tokens: Callable[[list[int], list[bool]], None] | None = None, acceptor: str | None = None,
-            tag=None) -> Sequence:
+            on_tokens: TokenCallback | None = None, acceptor: str | None = None,
+            tag=None) -> BatchSequence:
         """Take a new sequence into a free slot; its prompt is prefilled by the next steps. `drafter` is
         forked: its weights are shared, its state not."""
         if not self.free:
             raise BlockdraftError(f"the batch is full ({self.max_batch} sequences)")
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise BlockdraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
         if drafter.single_sequence:
             raise BlockdraftError(f"method '{drafter.name}' drafts through the target's single-sequence cache and "
                                   f"cannot run in the batch decoder: choose another method (a server launched with "
                                   f"this method, or with --max-batch 1, decodes one request at a time)")
-        target = self.target
-        prompt_ids = [int(t) for t in prompt_ids]
-        target.check_prompt(prompt_ids)
-        params = params or SamplingParams()
-        gen = torch.Generator()
-        gen.manual_seed(seed) if seed is not None else gen.seed()
-        decode = target.decode if target.tokenizer is not None else None
-        drafter = fork_drafter(drafter)
-        seq = Sequence(prompt_ids, max_new_tokens, drafter, make_acceptor(acceptor, params),
-                       Stopper(target.eos_token_ids, tuple(stop_strings) + target.stop_strings, decode), gen, on_tokens,
-                       GenerationStats(method=drafter.name), tokens=list(prompt_ids), tag=tag)
-        seq.started = time.perf_counter()
+        seq = BatchSequence.start(self.target, prompt_ids, drafter.fork(), params, acceptor, max_new_tokens,
+                                  stop_strings, seed, on_tokens, tag=tag)
         seq.slot = len(self.decoding) + len(self.waiting)
         self.engine.reset(seq.slot)
         self.waiting.append(seq)
         return seq
 
-    def _next_in_line(self) -> Sequence:
+    def _next_in_line(self) -> BatchSequence:
         """The first waiting sequence, whose prompt the next forward prefills; the prefix cache is asked for its
         prompt now rather than at `add`, so that it finds the prompts of the sequences that were ahead of it
         in line (a burst of requests sharing a long system prompt prefills that prompt once)."""
@@ -176,7 +128,7 @@ class BatchDecoder:
                 self._reuse_prefix(seq)
         return seq
 
-    def _reuse_prefix(self, seq: Sequence) -> None:
+    def _reuse_prefix(self, seq: BatchSequence) -> None:
         """Start seq's slot with the longest stored prefix of its prompt (all of it but the last token, which
         is the first tree's root), features included for drafters that read them."""
         layers = tuple(seq.drafter.feature_layers)
@@ -190,7 +142,7 @@ class BatchDecoder:
             if layers:
                 seq.prompt_features.append(features)
 
-    def _remember(self, seq: Sequence) -> None:
+    def _remember(self, seq: BatchSequence) -> None:
         """Store a sequence's KV entries (and features), its prompt's when it starts decoding, all of them
         when it finishes, for the prompts that will start like it."""
         n = min(self.engine.lengths[seq.slot], len(seq.tokens))  # tokens cut at EOS have entries but no place
@@ -203,17 +155,17 @@ class BatchDecoder:
         self.prefix_cache.store(CachedPrefix(np.asarray(seq.tokens[:n], dtype=np.int64), keys, values, layers,
                                              features))
 
-    def _unprefilled(self, seq: Sequence) -> list[int]:
+    def _unprefilled(self, seq: BatchSequence) -> list[int]:
         # as Target.prefill: the KV cache gets the prompt but its last token, the first tree's root
         return seq.prompt_ids[seq.prefilled : len(seq.prompt_ids) - 1]
 
-    def _prefill_alone(self, seq: Sequence) -> None:
+    def _prefill_alone(self, seq: BatchSequence) -> None:
         rest = self._unprefilled(seq)
         _, hidden = self.engine.forward(seq.slot, [torch.tensor(rest)], [torch.arange(len(rest))], [None],
                                         seq.drafter.feature_layers, last_logits_only=True)
         self._prefilled(seq, len(rest), hidden)
 
-    def _prefilled(self, seq: Sequence, n: int, hidden: list[torch.Tensor]) -> None:
+    def _prefilled(self, seq: BatchSequence, n: int, hidden: list[torch.Tensor]) -> None:
         seq.prefilled += n
         if hidden:
             seq.prompt_features.append(torch.cat([h[0, :n] for h in hidden], -1))
@@ -238,7 +190,7 @@ class BatchDecoder:
             seq.drafter.reset(seq.prompt_ids)
             seq.stats.prefill_s = time.perf_counter() - seq.started  # waiting for its chunks included
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: BatchSequence) -> None:
         """Drop a sequence (finished or cancelled); the slots stay contiguous: the last decoding sequence
         moves into a decoding one's slot, and the waiting ones after it move down one."""
         if seq in self.decoding:
@@ -256,33 +208,25 @@ class BatchDecoder:
                 waiting.slot = slot
         seq.slot = -1
 
-    def _room(self, seq: Sequence) -> int:
-        """Draft depth this step can use: each step emits accepted drafts + 1 bonus token."""
-        return min(seq.max_new_tokens - len(seq.new), self.target.max_length - len(seq.tokens)) - 1
-
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[BatchSequence]:
         """One draft-verify-accept-commit round for every active sequence. Returns the ones that finished
         (they have left the batch): `result` set, or `error` where their drafter raised."""
         self._start_decoding()
         failed = []
         batch, trees = [], []
         for seq in list(self.decoding):
-            t0 = time.perf_counter()
-            depth = self._room(seq)
+            cap = self.max_nodes
+            if self.max_rows:
+                cap = min(cap or self.max_rows, max(1, self.max_rows // len(self.decoding)))
             try:
-                tree = seq.drafter.propose(DraftContext(seq.tokens, seq.features, depth, seq.verified,
-                                                         seq.acceptor.params.temperature, seq.gen))
+                tree = seq.draft(cap)
             except Exception as e:  # one drafter's failure ends its own sequence, not the batch's
                 seq.error = e
                 self.remove(seq)
                 failed.append(seq)
                 continue
             batch.append(seq)
-            cap = self.max_nodes or len(tree)
-            if self.max_rows:
-                cap = min(cap, max(1, self.max_rows // len(self.decoding)))
-            trees.append(tree.truncate(cap, depth))
-            seq.stats.draft_s += time.perf_counter() - t0
+            trees.append(tree)
         if not batch:
             return failed
         # the union of the drafters' feature layers, so that each can pick its own
@@ -307,53 +251,19 @@ class BatchDecoder:
         self.forwards += 1
 
         finished = []
-        for b, (seq, tree) in enumerate(zip(batch, trees, strict=False)):
+        for b, (seq, tree) in enumerate(zip(batch, trees, strict=True)):
             n = len(tree)
-            acc = seq.acceptor.accept(tree, logits[b, :n], seq.gen)
-            self.engine.commit(seq.slot, starts[b], acc.path)
-            seq.verified = (tree, logits[b, :n])
-            seq.features = None
-            if seq.drafter.feature_layers:  # this drafter's layers, in its order, at the accepted nodes
+            own = None
+            if seq.drafter.feature_layers:  # this drafter's layers, in its order, at every node
                 own = torch.cat([hidden[layers.index(layer)][b, :n] for layer in seq.drafter.feature_layers], -1)
-                seq.features = own[acc.path]
-                if seq.feature_history is not None:
-                    seq.feature_history.append(seq.features)
-            s = seq.stats
-            s.verify_s += verify_s
-            s.target_calls += 1
-            s.tree_nodes += n
-            s.accepted_hist[acc.accepted_drafts] += 1
-            if self._emit(seq, tree.tokens[acc.path[1:]].tolist() + [acc.bonus], acc.accepted_drafts):
+            commit = lambda path, seq=seq, start=starts[b]: self.engine.commit(seq.slot, start, path)  # noqa: E731
+            seq.advance(tree, logits[b, :n], own, commit, verify_s)
+            if seq.feature_history is not None and seq.features is not None:
+                seq.feature_history.append(seq.features)
+            if seq.done:
                 finished.append(seq)
         for seq in finished:
             if self.prefix_cache is not None:
                 self._remember(seq)
             self.remove(seq)
         return failed + finished
-
-    def _emit(self, seq: Sequence, emitted: list[int], drafts: int) -> bool:
-        """Apply the stopping rules to one step's tokens, pass them on; True when the sequence is done."""
-        flags = [True] * drafts + [False]
-        emitted, hit_eos = seq.stopper.cut_eos(emitted)
-        n_before = len(seq.new)
-        seq.new += emitted
-        seq.tokens += emitted
-        stop = seq.stopper.find_stop_string(seq.new, n_before)
-        if stop is not None:
-            n_keep, seq.keep_chars = stop
-            emitted = emitted[: max(0, n_keep - n_before)]
-            del seq.new[n_keep:]
-        if seq.on_tokens is not None and emitted:
-            seq.on_tokens(emitted, flags[: len(emitted)])
-        reason = "eos" if hit_eos and stop is None else "stop_string" if stop is not None else None
-        if reason is None and self._room(seq) < 0:
-            reason = "length"
-        if reason is None:
-            return False
-        s = seq.stats
-        s.stop_reason, s.new_tokens = reason, len(seq.new)
-        s.total_s = time.perf_counter() - seq.started
-        decode = seq.stopper.decode
-        text = decode(seq.new) if decode is not None else ""
-        seq.result = GenerationResult(seq.new, text[: seq.keep_chars] if seq.keep_chars is not None else text, s)
-        return True

@@ -5,26 +5,23 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import torch
-
-from ..drafters import DraftContext, Drafter
+from ..drafters import Drafter
 from ..drafters.ar import NoDrafter
-from ..errors import BlockdraftError
 from ..model import Target
-from ..trees import DraftTree
 from ..verify import Acceptor, SamplingParams, make_acceptor
 from .pacer import Pacer
-from .stats import GenerationResult, GenerationStats
-from .stopping import Stopper
+from .sequence import Sequence
+from .stats import GenerationResult
 
 
 class SpeculativeDecoder:
-    """Batch-size-1 speculative decoding of `target` with proposals from `drafter`.
+    """Speculative decoding of one sequence of `target` (a batch of one) with proposals from `drafter`.
 
     With the greedy or a lossless sampling acceptor the output is exactly what plain
     decoding of the target would produce (greedy) or is distributed exactly like it (T > 0).
     With `pace=True` a Pacer replaces drafting by plain one-token steps while they are measured
-    faster (long contexts); the output does not change, only the time it takes.
+    faster (long contexts); the output does not change, only the time it takes. The pacer is this
+    loop's alone: it compares one sequence's step times, which in a batch are shared by every row.
     """
 
     def __init__(
@@ -50,80 +47,28 @@ class SpeculativeDecoder:
         seed: int | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult:
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise BlockdraftError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
-        prompt_ids = [int(t) for t in prompt_ids]
-        target = self.target
-        target.check_prompt(prompt_ids)
-        gen = torch.Generator()
-        if seed is not None:
-            gen.manual_seed(seed)
-        else:
-            gen.seed()
-        decode = target.decode if target.tokenizer is not None else None
-        stopper = Stopper(target.eos_token_ids, tuple(stop_strings) + target.stop_strings, decode)
-        stats = GenerationStats(method=self.drafter.name)
+        target, drafter = self.target, self.drafter
+        seq = Sequence.start(target, prompt_ids, drafter, acceptor=self.acceptor, max_new_tokens=max_new_tokens,
+                             stop_strings=stop_strings, seed=seed,
+                             on_tokens=(lambda ids, accepted: on_tokens(ids)) if on_tokens else None)
+        target.feature_layers = drafter.feature_layers  # hidden states the drafter reads, if any
+        seq.features = target.prefill(seq.prompt_ids[:-1])  # the first propose() receives the prompt's features
+        drafter.reset(seq.prompt_ids)
+        seq.stats.prefill_s = time.perf_counter() - seq.started
 
-        t_start = time.perf_counter()
-        target.feature_layers = self.drafter.feature_layers  # hidden states the drafter reads, if any
-        features = target.prefill(prompt_ids[:-1])  # the first propose() receives the prompt's features
-        self.drafter.reset(prompt_ids)
-        stats.prefill_s = time.perf_counter() - t_start
-
-        tokens, new, verified = list(prompt_ids), [], None
-        keep_chars = None
         pacer = Pacer() if self.pace else None
-        while True:
-            # Each step emits accepted drafts + 1 bonus token: drafts deeper than this are wasted.
-            max_depth = min(max_new_tokens - len(new), target.max_length - len(tokens)) - 1
-            if max_depth < 0:
-                stats.stop_reason = "length"
-                break
-
+        while not seq.done:
             t0 = time.perf_counter()
-            ctx = DraftContext(tokens, features, max_depth, verified, self.acceptor.params.temperature, gen)
-            drafting = pacer is None or pacer.should_draft(len(tokens))
-            if drafting:
-                tree = self.drafter.propose(ctx)
-                tree = tree.truncate(self.max_nodes or len(tree), max_depth)
-            else:  # a plain step: the drafter takes in the context it would have drafted from
-                self.drafter.observe(ctx)
-                tree = DraftTree.root_only(tokens[-1])
+            context = len(seq.tokens)
+            drafting = pacer is None or pacer.should_draft(context)
+            # 1. draft: a tree of guesses rooted at the last token (or, paced, the root alone: a plain step)
+            tree = seq.draft(self.max_nodes) if drafting else seq.plain()
+            # 2. verify: one target pass over every node, each attending to the context and its own ancestors
             t1 = time.perf_counter()
             out = target.verify(tree)
-            acc = self.acceptor.accept(tree, out.logits, gen)
-            target.commit(acc.path)
-            t2 = time.perf_counter()
-            stats.draft_s += t1 - t0
-            stats.verify_s += t2 - t1
-            stats.target_calls += 1
-            stats.plain_steps += not drafting
-            stats.tree_nodes += len(tree)
-            stats.accepted_hist[acc.accepted_drafts] += 1
-
-            verified = (tree, out.logits)
-            emitted = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
+            # 3. accept the longest path the target agrees with (+ its own bonus token), 4. commit that path's
+            # KV entries and drop the rest, 5. emit the tokens and apply the stopping rules (sequence.py)
+            produced = seq.advance(tree, out.logits, out.features, target.commit, time.perf_counter() - t1)
             if pacer is not None:
-                pacer.record(drafting, t2 - t0, len(emitted), len(tokens))
-            features = out.features[acc.path] if out.features is not None else None
-            emitted, hit_eos = stopper.cut_eos(emitted)
-            n_before = len(new)
-            new += emitted
-            tokens += emitted
-            stop = stopper.find_stop_string(new, n_before)
-            if stop is not None:
-                n_keep, keep_chars = stop
-                emitted = emitted[: max(0, n_keep - n_before)]
-                del new[n_keep:]
-            if on_tokens is not None and emitted:
-                on_tokens(emitted)
-            if hit_eos or stop is not None:
-                stats.stop_reason = "eos" if stop is None else "stop_string"
-                break
-
-        stats.total_s = time.perf_counter() - t_start
-        stats.new_tokens = len(new)
-        text = decode(new) if decode is not None else ""
-        if keep_chars is not None:
-            text = text[:keep_chars]
-        return GenerationResult(new, text, stats)
+                pacer.record(drafting, time.perf_counter() - t0, produced, context)
+        return seq.result

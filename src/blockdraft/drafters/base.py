@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,20 @@ class Drafter:
     feature_layers: tuple[int, ...] = ()
     # drafts through the target's single-sequence engine (drafters/quantized.py): the batch decoder cannot run it
     single_sequence = False
+    # the attributes that hold drafters this one wraps (a tree's base): fork() forks them too
+    wraps: tuple[str, ...] = ()
+
+    def fork(self) -> "Drafter":
+        """This drafter for another sequence of a batch: the same weights and settings, its own per-sequence state.
+
+        The contract that makes a shallow copy enough: a drafter keeps its per-sequence state in attributes
+        that `reset` (or `propose`) assigns anew, never in objects it mutates in place; weights and settings are
+        shared. What it wraps is declared in `wraps` and forked with it. A drafter that learns across
+        generations in place (the hybrid's acceptance calibration) shares that learning with its forks."""
+        twin = copy.copy(self)
+        for attribute in self.wraps:
+            setattr(twin, attribute, getattr(self, attribute).fork())
+        return twin
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Called once per generation, after the target's prefill of prompt_ids[:-1]."""

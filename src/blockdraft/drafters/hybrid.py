@@ -169,6 +169,14 @@ class HybridDrafter(Drafter):
         self._ran = None  # this step's retrieval expectation when the learned drafter ran (for the gate)
         self._step_started = None
 
+    def fork(self) -> "HybridDrafter":
+        """Its sources forked; the acceptance calibration and the gate's measurements stay shared (learnt
+        across generations on purpose)."""
+        twin = super().fork()
+        twin.retrieval = {name: source.fork() for name, source in self.retrieval.items()}
+        twin.learned = (self.learned[0], self.learned[1].fork()) if self.learned else None
+        return twin
+
     def reset(self, prompt_ids) -> None:
         for source in self.retrieval.values():
             source.reset(prompt_ids)

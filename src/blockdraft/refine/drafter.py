@@ -18,6 +18,8 @@ class RescoredDrafter(Drafter):
                    in one target call ("p-best n-gram BPD", Kim et al. 4.2)
     """
 
+    wraps = ("base",)
+
     def __init__(self, base: Drafter, rescorer: Rescorer | None, mode: str = "global", alpha: float = 0.3,
                  p: int = 16, beam: int = 256):
         if mode not in MODES:

@@ -26,6 +26,8 @@ class TreeDrafter(Drafter):
     `draft_temp` scales the temperature the children are drawn at (1 = the decoder's; any q stays exact).
     """
 
+    wraps = ("base",)
+
     def __init__(self, base: Drafter, builder: str = "best", budget: int = 16, prior=None, alpha: float = 0.0,
                  paths=DEFAULT_STATIC_PATHS, cost_curve: CostCurve | dict[int, float] | None = None,
                  sample: bool = False, vocab_size: int | None = None, draft_temp: float = 1.0):
