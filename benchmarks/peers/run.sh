@@ -21,7 +21,7 @@ CATEGORIES=""
 THREADS=2
 HF_DTYPE=bfloat16       # transformers generate() in the dtype blockdraft defaults to on this CPU
 PEERS="llamacpp,vllm"
-OUT="$REPO/benchmarks/$(date +%F)-peers"
+OUT="$REPO/runs/peers-$(date +%F)"
 INSTALL_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in

