@@ -75,7 +75,7 @@ class BatchDecoder:
         # 512-token chunks rather than 256: on issue 16's 200-request mix at concurrency 8 (AMX, bf16, lookup,
         # compiled) 3.2% more tokens/s over six alternating pairs (-0.6% to +5.6%) and a lower p95 latency
         # (6.45-6.54 s against 6.98-7.15; p50 2.19-2.25 s against 2.05-2.31): fewer, fuller passes carry the
-        # prompts (benchmarks/2026-12-04-c8-profile/).
+        # prompts (BENCHMARKS.md, "Decisions": prefill_chunk).
         self.target, self.max_batch, self.prefill_chunk = target, max_batch, prefill_chunk
         self.max_nodes = max_nodes  # optional cap on each tree's size, root included (as SpeculativeDecoder's)
         # Every tree is padded to the largest, so one big tree makes all B rows of the batch pay for it: with

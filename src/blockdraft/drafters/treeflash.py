@@ -84,7 +84,7 @@ class TreeFlashDrafter(Drafter):
     whole draft vocabulary)."""
 
     # Tokens of each transition row a sampled child may be drawn from (a sampled step reads at least as many columns).
-    # At T = 1, paired at the same contexts on held-out ShareGPT (benchmarks/2026-12-06-shape-replay/): 128 against
+    # At T = 1, paired at the same contexts on held-out ShareGPT (BENCHMARKS.md, "Decisions"): 128 against
     # 32 tau +1.7% / +2.1% (711 / 1,040 steps; 64: +1.3%, 8: -7.9%), 512 against 128 +4.6% [+2.0%, +7.3%] (1,862)
     SAMPLE_SUPPORT = 512
 

@@ -9,7 +9,7 @@ A drafter may also keep an int8 copy of a weight (per output channel, symmetric)
 read by aten's int8 weight-only kernel with bf16 activations. Such a call reads every weight byte to use it
 a few times, and after a target pass the drafter's weights come from memory, not cache: on a CPU without
 bf16 hardware (AVX2 only) a float32 4 x 576 x 8192 matmul took 3.1 ms cold and the int8 one 0.8 ms; from
-~32 rows the int8 kernel is compute-bound and slower (`benchmarks/2026-12-03-int8-drafting/`). With bf16
+~32 rows the int8 kernel is compute-bound and slower (BENCHMARKS.md, "Decisions": drafters' int8). With bf16
 weights on an AMX CPU it gained nothing in the loop (BENCHMARKS.md, 2026-12-02), so `int8="auto"` quantizes
 float32 weights only. Drafts may change slightly; what the target accepts never depends on them, so decoding
 stays lossless. Never used for the target.
