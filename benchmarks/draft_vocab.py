@@ -18,7 +18,7 @@ import torch
 
 from blockdraft import Target
 from blockdraft.drafters.layers import FrozenLMHead
-from blockdraft.train.common import draft_vocabulary
+from blockdraft.train.vocab import draft_vocabulary
 from blockdraft.train.features import FeatureStore
 
 

@@ -24,11 +24,11 @@ if [ "$SD" != 0 ]; then  # 0: keep the replies DATA already holds
         --max-tokens "$TOKENS" --max-minutes "$SD"
 fi
 COMMON=(--target "$TARGET" --data "$DATA" --max-tokens "$STORE" --valid-tokens 10000)
-stage block blockdraft train --drafter block --num-layers 1 --out "$OUT/dflash" --max-minutes "$BLOCK" --epochs 8 \
+stage block blockdraft train --drafter dflash --num-layers 1 --out "$OUT/dflash" --max-minutes "$BLOCK" --epochs 8 \
     "${COMMON[@]}"
 stage treeflash blockdraft train --drafter treeflash --init "$OUT/dflash" --out "$OUT/treeflash" \
     --max-minutes "$TF" --epochs 6 --inner-size 1024 "${COMMON[@]}"  # 1024: the shipped pair fits 22 MB
-stage heads blockdraft train --drafter heads --out "$OUT/bpd" --max-minutes "$HEADS" --epochs 6 "${COMMON[@]}"
+stage heads blockdraft train --drafter bpd --out "$OUT/bpd" --max-minutes "$HEADS" --epochs 6 "${COMMON[@]}"
 stage hydra blockdraft train --drafter treeflash --init "$OUT/bpd" --out "$OUT/hydra" --max-minutes "$HYDRA" \
     --epochs 6 "${COMMON[@]}"
 echo "all stages: $(( ($(date +%s) - t0) / 60 )) min"

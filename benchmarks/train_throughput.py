@@ -4,13 +4,13 @@
                                           [--store-tokens 20000] [--train-store DIR]
 
 Per dtype, in one process: (1) the feature store is built over `--store-tokens` fresh ShareGPT training
-tokens (whole conversations up to 2048 tokens) in a temporary folder; (2) each drafter kind (bpd heads,
-block drafter, TreeFlash on the shipped block drafter, hydra on the shipped heads) trains `--steps`
+tokens (whole conversations up to 2048 tokens) in a temporary folder; (2) each drafter kind (bpd, dflash,
+TreeFlash on the shipped dflash drafter, hydra on the shipped bpd heads) trains `--steps`
 optimizer steps from `--train-store` (a store of whole conversations, the data the real runs read), with
 autocast to the target's dtype as in `blockdraft train`. The first 10 steps are warm-up and not timed.
 
-A "token" is one store position a step consumes: heads and hydra read `batch` positions per step, the
-block drafter and TreeFlash one conversation per step (every one of its tokens, with anchor blocks on its
+A "token" is one store position a step consumes: bpd and hydra read `batch` positions per step, the
+dflash drafter and TreeFlash one conversation per step (every one of its tokens, with anchor blocks on its
 reply positions). The end-to-end rate is what one pass of new data costs: store building plus training.
 """
 
@@ -24,14 +24,14 @@ import torch
 
 from blockdraft import Target
 from blockdraft.data.sharegpt import data_path, load_conversations, split_conversations
-from blockdraft.train import common
+from blockdraft.train import trainer as loop
 from blockdraft.train.features import FeatureStore, build_store
 from blockdraft.train.run import training_config
 
 SHIPPED = Path(__file__).resolve().parents[1] / "src/blockdraft/checkpoints/smollm2-135m"
 KINDS = {  # name -> (train --drafter, options)
-    "bpd heads": ("heads", {}),
-    "block (dflash)": ("block", {}),
+    "bpd": ("bpd", {}),
+    "dflash": ("dflash", {}),
     "treeflash": ("treeflash", {"init": str(SHIPPED / "dflash")}),
     "hydra": ("treeflash", {"init": str(SHIPPED / "bpd")}),
 }
@@ -42,7 +42,7 @@ class StepClock:
 
     def __init__(self):
         self.stamps: list[float] = []
-        self.original = common.Trainer.step
+        self.original = loop.Trainer.step
 
     def __enter__(self):
         clock = self
@@ -52,11 +52,11 @@ class StepClock:
             clock.stamps.append(time.perf_counter())
             return keep_going
 
-        common.Trainer.step = step
+        loop.Trainer.step = step
         return self
 
     def __exit__(self, *exc):
-        common.Trainer.step = self.original
+        loop.Trainer.step = self.original
 
     def seconds_per_step(self, warmup: int = 10) -> float:
         gaps = [b - a for a, b in zip(self.stamps[warmup:], self.stamps[warmup + 1:])]
@@ -64,7 +64,7 @@ class StepClock:
 
 
 def tokens_per_step(drafter: str, cfg, store: FeatureStore, init: str | None) -> float:
-    heads_base = drafter == "heads" or (init is not None and "bpd" in Path(init).name)
+    heads_base = drafter == "bpd" or (init is not None and "bpd" in Path(init).name)
     if heads_base:
         return cfg.batch
     lengths = [b - a for a, b in store.sequences() if b - a >= 8]

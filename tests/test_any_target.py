@@ -181,9 +181,9 @@ def trained(request, tmp_path_factory):
     data.write_text(json.dumps(conversations(120)))
     out, store = root / "checkpoints" / target.name, root / "store"
     common = dict(data=str(data), max_tokens=6000, valid_tokens=0, store=str(store))
-    train_command(target, "heads", out / "bpd", **common, num_heads=3, inner_size=64, draft_vocab=24, epochs=3,
+    train_command(target, "bpd", out / "bpd", **common, num_heads=3, inner_size=64, draft_vocab=24, epochs=3,
                   batch=64, lr=5e-3)
-    train_command(target, "block", out / "dflash", **common, gamma=4, draft_vocab=24, epochs=3, lr=5e-3,
+    train_command(target, "dflash", out / "dflash", **common, gamma=4, draft_vocab=24, epochs=3, lr=5e-3,
                   anchors_per_seq=12, seqs_per_step=2)
     for method, base in (("treeflash", "dflash"), ("hydra", "bpd")):
         train_command(target, "treeflash", out / method, **common, init=str(out / base), inner_size=32, epochs=1,

@@ -8,7 +8,7 @@ import pytest
 from blockdraft.bench import run as bench_run
 from blockdraft.bench.runners import RunRecord, make_runner
 from blockdraft.cli import main
-from blockdraft.methods import METHODS
+from blockdraft.methods import METHODS, Method
 
 from drafters_for_tests import KnownAcceptanceDrafter
 
@@ -46,8 +46,9 @@ def test_bench_end_to_end(tiny_model_dir, question_file, tmp_path, monkeypatch, 
         return make_runner(name, target, params, acceptor, pace)
 
     monkeypatch.setattr(bench_run, "make_runner", patched)
-    monkeypatch.setitem(METHODS, "broken", (None, "test only"))
-    monkeypatch.setitem(METHODS, "known", (lambda target, **kw: KnownAcceptanceDrafter(target.model, 2), "test"))
+    monkeypatch.setitem(METHODS, "broken", Method("broken", "test only", None))
+    known = Method("known", "test", lambda target, **kw: KnownAcceptanceDrafter(target.model, 2))
+    monkeypatch.setitem(METHODS, "known", known)
     out = tmp_path / "out"
     rc = main(["bench", "--questions", str(question_file), "--methods", "ar,hf,hf-lookup,lookup,broken,known",
                "--target", str(tiny_model_dir), "--max-new-tokens", "10", "--out", str(out),

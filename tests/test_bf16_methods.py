@@ -12,7 +12,7 @@ from tiny_checkpoints import in_dtype
 
 from blockdraft import SamplingParams, SpeculativeDecoder, Target, methods
 from blockdraft.bench import ties
-from blockdraft.drafters import HeadsDrafter
+from blockdraft.drafters import BPDDrafter
 from blockdraft.methods import METHODS, make_drafter
 from blockdraft.model import packing
 
@@ -126,19 +126,19 @@ def test_every_drafter_kind_runs_in_the_target_dtype(bf16):
 
 
 def test_training_with_a_bf16_target(tiny, tmp_path):
+    from blockdraft.train.bpd import BPDTrainConfig, train_bpd
     from blockdraft.train.features import build_store
-    from blockdraft.train.heads import HeadsTrainConfig, train_heads
 
     bf16 = in_dtype(tiny, torch.bfloat16)
     store = build_store(bf16, conversations(40), tmp_path / "store", max_tokens=2000, max_len=64, top_k=8)
     assert store.meta["dtype"] == "bfloat16"
-    drafter = train_heads(bf16, store, None, tmp_path / "heads",
-                          HeadsTrainConfig(num_heads=2, inner_size=32, draft_vocab=0, epochs=4, batch=32, lr=5e-3))
+    drafter = train_bpd(bf16, store, None, tmp_path / "heads",
+                        BPDTrainConfig(num_heads=2, inner_size=32, draft_vocab=0, epochs=4, batch=32, lr=5e-3))
     assert next(drafter.model.parameters()).dtype == torch.float32  # trained weights stay float32
     losses = [json.loads(line)["loss"] for line in (tmp_path / "heads" / "train_log.jsonl").read_text().splitlines()]
     assert losses[-1] < losses[0] - 0.1, losses
     for target, dtype in ((bf16, torch.bfloat16), (tiny, torch.float32)):  # the checkpoint loads into either
-        loaded = HeadsDrafter.from_pretrained(tmp_path / "heads", target)
+        loaded = BPDDrafter.from_pretrained(tmp_path / "heads", target)
         assert next(loaded.model.parameters()).dtype == dtype
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from blockdraft.cli import main
-from blockdraft.methods import METHODS
+from blockdraft.methods import METHODS, Method
 
 from drafters_for_tests import KnownAcceptanceDrafter
 
@@ -25,7 +25,8 @@ def generate_json(capsys, model_dir, *args) -> dict:
 
 
 def test_generate_json_on_tiny_model(tiny_model_dir, capsys, monkeypatch):
-    monkeypatch.setitem(METHODS, "known", (lambda target, **kw: KnownAcceptanceDrafter(target.model, 2), "test"))
+    known = Method("known", "test", lambda target, **kw: KnownAcceptanceDrafter(target.model, 2))
+    monkeypatch.setitem(METHODS, "known", known)
     ar = generate_json(capsys, tiny_model_dir, "--method", "ar")
     for key in ("text", "tokens", "new_tokens", "target_calls", "tau", "tokens_per_s", "method", "lossless"):
         assert key in ar

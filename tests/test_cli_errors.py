@@ -27,7 +27,7 @@ def run_error(args, capsys) -> str:
 @pytest.mark.parametrize("command", ["generate", "bench", "analyze", "train", "selfdistill"])
 @pytest.mark.parametrize("threads", ["0", "-3"])
 def test_threads_must_be_positive(command, threads, capsys):
-    extra = {"generate": ["hi"], "train": ["--drafter", "heads", "--out", "x"], "selfdistill": ["x.jsonl"]}.get(
+    extra = {"generate": ["hi"], "train": ["--drafter", "bpd", "--out", "x"], "selfdistill": ["x.jsonl"]}.get(
         command, [])
     err = run_error([command, *extra, "--threads", threads], capsys)
     assert "--threads" in err and "positive integer" in err and threads in err

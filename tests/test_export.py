@@ -10,15 +10,15 @@ from safetensors.torch import load_file
 
 from blockdraft.cli import main
 from blockdraft.decoding import SpeculativeDecoder
-from blockdraft.drafters import BlockDrafter, HeadsDrafter
-from blockdraft.drafters.block import BlockConfig, BlockModel
-from blockdraft.drafters.heads import HeadsConfig, HeadsModel
+from blockdraft.drafters import BPDDrafter, DFlashDrafter
+from blockdraft.drafters.dflash_model import DFlashConfig, DFlashModel
+from blockdraft.drafters.bpd import BPDConfig, BPDModel
 from blockdraft.drafters.layers import FrozenLMHead
 from blockdraft.errors import BlockdraftError
 from blockdraft.export import export_vllm
 from blockdraft.methods import make_drafter
-from blockdraft.train.block import BlockTrainConfig, train_block
-from blockdraft.train.heads import HeadsTrainConfig, train_heads
+from blockdraft.train.dflash import DFlashTrainConfig, train_dflash
+from blockdraft.train.bpd import BPDTrainConfig, train_bpd
 
 VOCAB = torch.tensor([0, 2, 3, 5, 8, 9, 11, 13, 17, 20, 21, 25, 30, 33])  # a draft vocabulary (sorted ids)
 
@@ -32,24 +32,24 @@ def randomise(module: torch.nn.Module, seed: int = 0) -> None:
             p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
 
 
-def heads_checkpoint(target, folder, style="medusa", vocab=VOCAB, layers=2):
-    cfg = HeadsConfig(target.hidden_size, target.num_layers, num_heads=3, inner_size=48, style=style,
-                      medusa_layers=layers)
-    model = HeadsModel(cfg)
+def bpd_checkpoint(target, folder, style="medusa", vocab=VOCAB, layers=2):
+    cfg = BPDConfig(target.hidden_size, target.num_layers, num_heads=3, inner_size=48, style=style,
+                    medusa_layers=layers)
+    model = BPDModel(cfg)
     randomise(model)
     head = FrozenLMHead(target.model.get_output_embeddings().weight, vocab)
-    HeadsDrafter(model, head).save_pretrained(folder, target)
-    return HeadsDrafter.from_pretrained(folder, target)  # what blockdraft itself runs (fp16-rounded weights)
+    BPDDrafter(model, head).save_pretrained(folder, target)
+    return BPDDrafter.from_pretrained(folder, target)  # what blockdraft itself runs (fp16-rounded weights)
 
 
-def block_checkpoint(target, folder, style="dflash", layers=(1, 0), vocab=VOCAB, mask=7):
-    cfg = BlockConfig.for_target(target, layers, num_layers=2, gamma=4, style=style, mask_token_id=mask)
-    model = BlockModel(cfg)
+def dflash_checkpoint(target, folder, style="vllm", layers=(1, 0), vocab=VOCAB, mask=7):
+    cfg = DFlashConfig.for_target(target, layers, num_layers=2, gamma=4, style=style, mask_token_id=mask)
+    model = DFlashModel(cfg)
     randomise(model, seed=1)
     n = len(layers) * target.hidden_size
     model.set_feature_stats(torch.randn(n), torch.rand(n) * 3 + 0.1)
-    BlockDrafter.for_target(model, target, vocab).save_pretrained(folder, target)
-    return BlockDrafter.from_pretrained(folder, target)
+    DFlashDrafter.for_target(model, target, vocab).save_pretrained(folder, target)
+    return DFlashDrafter.from_pretrained(folder, target)
 
 
 def exported(folder):
@@ -130,7 +130,7 @@ def vllm_dflash(config, t, embed, aux, bonus):
 
 # --- Medusa ---------------------------------------------------------------------------------------------
 def test_medusa_export_files(tiny, tmp_path):
-    heads_checkpoint(tiny, tmp_path / "ck")
+    bpd_checkpoint(tiny, tmp_path / "ck")
     config, t = exported(export_vllm(tmp_path / "out", "bpd", tiny, tmp_path / "ck"))
     h, v = tiny.hidden_size, tiny.vocab_size
     assert config["architectures"] == ["MedusaModel"] and config["model_type"] == "medusa"
@@ -149,7 +149,7 @@ def test_medusa_export_files(tiny, tmp_path):
 
 
 def test_medusa_export_reproduces_our_heads(tiny, tmp_path):
-    ours = heads_checkpoint(tiny, tmp_path / "ck")
+    ours = bpd_checkpoint(tiny, tmp_path / "ck")
     config, t = exported(export_vllm(tmp_path / "out", "bpd", tiny, tmp_path / "ck"))
     h = torch.randn(64, tiny.hidden_size) * 2
     theirs = vllm_medusa(config, t, h)  # [64, heads, V]
@@ -164,14 +164,14 @@ def test_medusa_export_reproduces_our_heads(tiny, tmp_path):
 
 
 def test_medusa_export_of_the_full_vocabulary(tiny, tmp_path):
-    heads_checkpoint(tiny, tmp_path / "ck", vocab=None, layers=1)
+    bpd_checkpoint(tiny, tmp_path / "ck", vocab=None, layers=1)
     config, t = exported(export_vllm(tmp_path / "out", "bpd", tiny, tmp_path / "ck"))
     assert config["truncated_vocab_size"] == config["vocab_size"] == tiny.vocab_size
     assert "token_map" not in t and t["lm_heads.0.weight"].shape == (tiny.vocab_size, tiny.hidden_size)
 
 
 def test_ffn_heads_are_refused(tiny, tmp_path):
-    heads_checkpoint(tiny, tmp_path / "ck", style="ffn")
+    bpd_checkpoint(tiny, tmp_path / "ck", style="ffn")
     with pytest.raises(BlockdraftError, match=r"head shape.*x \+ SiLU\(W x \+ b\).*--style medusa"):
         export_vllm(tmp_path / "out", "bpd", tiny, tmp_path / "ck")
     assert not (tmp_path / "out").exists()
@@ -179,7 +179,7 @@ def test_ffn_heads_are_refused(tiny, tmp_path):
 
 # --- DFlash ---------------------------------------------------------------------------------------------
 def test_dflash_export_files(tiny, tmp_path):
-    block_checkpoint(tiny, tmp_path / "ck")
+    dflash_checkpoint(tiny, tmp_path / "ck")
     config, t = exported(export_vllm(tmp_path / "out", "dflash", tiny, tmp_path / "ck"))
     h, hd = tiny.hidden_size, tiny.hidden_size // 4
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
@@ -204,7 +204,7 @@ def test_dflash_export_files(tiny, tmp_path):
 
 def test_dflash_export_reproduces_our_drafter(tiny, tmp_path):
     """The fold of our feature scale into fc and the permutation to vLLM's layer order are exact."""
-    ours = block_checkpoint(tiny, tmp_path / "ck", layers=(1, 0))
+    ours = dflash_checkpoint(tiny, tmp_path / "ck", layers=(1, 0))
     config, t = exported(export_vllm(tmp_path / "out", "dflash", tiny, tmp_path / "ck"))
     embed = tiny.model.get_input_embeddings().weight.detach()
     g = torch.Generator().manual_seed(3)
@@ -221,26 +221,26 @@ def test_dflash_export_reproduces_our_drafter(tiny, tmp_path):
         assert torch.equal(theirs.argmax(-1), lattice.best())
 
 
-def test_blockdraft_style_is_refused_with_every_mismatch(tiny, tmp_path):
-    cfg = BlockConfig.for_target(tiny, (1, tiny.num_layers), gamma=4, final_state_residual=True)
-    model = BlockModel(cfg)
+def test_seeded_style_is_refused_with_every_mismatch(tiny, tmp_path):
+    cfg = DFlashConfig.for_target(tiny, (1, tiny.num_layers), gamma=4, final_state_residual=True)
+    model = DFlashModel(cfg)
     model.set_feature_stats(torch.randn(2 * tiny.hidden_size), torch.ones(2 * tiny.hidden_size))
-    BlockDrafter.for_target(model, tiny, VOCAB).save_pretrained(tmp_path / "ck", tiny)
+    DFlashDrafter.for_target(model, tiny, VOCAB).save_pretrained(tmp_path / "ck", tiny)
     with pytest.raises(BlockdraftError) as e:
         export_vllm(tmp_path / "out", "dflash", tiny, tmp_path / "ck")
     for part in ("block inputs", "q/k norm", f"feature layer {tiny.num_layers}", "feature centring",
-                 "--drafter block --style dflash"):
+                 "--drafter dflash --style vllm"):
         assert part in str(e.value)
 
 
-def test_dflash_style_with_the_final_state_is_refused(tiny, tmp_path):
-    block_checkpoint(tiny, tmp_path / "ck", layers=(1, tiny.num_layers))
+def test_vllm_style_with_the_final_state_is_refused(tiny, tmp_path):
+    dflash_checkpoint(tiny, tmp_path / "ck", layers=(1, tiny.num_layers))
     with pytest.raises(BlockdraftError, match=f"feature layer {tiny.num_layers}: ours reads the target's final"):
         export_vllm(tmp_path / "out", "dflash", tiny, tmp_path / "ck")
 
 
-def test_dflash_style_centres_nothing_and_takes_no_extra_inputs(tiny):
-    model = BlockModel(BlockConfig.for_target(tiny, (1,), gamma=4, style="dflash", mask_token_id=5))
+def test_vllm_style_centres_nothing_and_takes_no_extra_inputs(tiny):
+    model = DFlashModel(DFlashConfig.for_target(tiny, (1,), gamma=4, style="vllm", mask_token_id=5))
     model.set_feature_stats(torch.full((tiny.hidden_size,), 3.0), torch.full((tiny.hidden_size,), 4.0))
     assert torch.equal(model.feature_mean, torch.zeros(tiny.hidden_size))
     assert torch.allclose(model.feature_scale, torch.full((tiny.hidden_size,), 0.2))  # 1 / sqrt(3^2 + 4^2)
@@ -249,20 +249,20 @@ def test_dflash_style_centres_nothing_and_takes_no_extra_inputs(tiny):
     x = model.block_inputs(embed, torch.randn(3, tiny.hidden_size), embed[0] * 0 + 1)
     assert torch.equal(x[:, 0], embed) and torch.equal(x[:, 1:], torch.ones(3, 3, tiny.hidden_size))
     with pytest.raises(BlockdraftError, match="no extra block inputs"):
-        BlockModel(BlockConfig.for_target(tiny, (1,), gamma=4, style="dflash", final_state_residual=True))
+        DFlashModel(DFlashConfig.for_target(tiny, (1,), gamma=4, style="vllm", final_state_residual=True))
 
 
 # --- the compatible variants train with the same recipe and stay lossless -------------------------------
-@pytest.mark.parametrize("kind", ["heads", "block"])
+@pytest.mark.parametrize("kind", ["bpd", "dflash"])
 def test_compatible_variants_train_and_decode_losslessly(tiny, stores, tmp_path, kind):
     train, _ = stores
-    if kind == "heads":
-        drafter = train_heads(tiny, train, None, tmp_path / kind, HeadsTrainConfig(
+    if kind == "bpd":
+        drafter = train_bpd(tiny, train, None, tmp_path / kind, BPDTrainConfig(
             num_heads=3, draft_vocab=0, epochs=3, batch=64, lr=5e-3, style="medusa"))
         method = f"bpd:checkpoint={tmp_path / kind}"
     else:
-        drafter = train_block(tiny, train, None, tmp_path / kind, BlockTrainConfig(
-            gamma=4, draft_vocab=20, epochs=3, lr=5e-3, anchors_per_seq=12, seqs_per_step=2, style="dflash"))
+        drafter = train_dflash(tiny, train, None, tmp_path / kind, DFlashTrainConfig(
+            gamma=4, draft_vocab=20, epochs=3, lr=5e-3, anchors_per_seq=12, seqs_per_step=2, style="vllm"))
         assert drafter.feature_layers == (1,)  # the store's final normed layer 2 is left out
         assert drafter.config.mask_token_id == tiny.tokenizer.unk_token_id
         method = f"dflash:checkpoint={tmp_path / kind}"
@@ -273,7 +273,7 @@ def test_compatible_variants_train_and_decode_losslessly(tiny, stores, tmp_path,
     spec = SpeculativeDecoder(tiny, make_drafter(method, tiny)).generate(prompt, 40)
     assert spec.tokens == ar.tokens
     assert spec.stats.target_calls < ar.stats.target_calls
-    export_vllm(tmp_path / "out", "bpd" if kind == "heads" else "dflash", tiny, tmp_path / kind)
+    export_vllm(tmp_path / "out", kind, tiny, tmp_path / kind)
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -281,8 +281,8 @@ def test_export_command(tiny_model_dir, tmp_path, capsys):
     from blockdraft.api import load_target
 
     target = load_target(str(tiny_model_dir), "float32", "cpu")
-    heads_checkpoint(target, tmp_path / "medusa")
-    block_checkpoint(target, tmp_path / "ffn-free", style="blockdraft", layers=(1,))
+    bpd_checkpoint(target, tmp_path / "medusa")
+    dflash_checkpoint(target, tmp_path / "ffn-free", style="seeded", layers=(1,))
     out = tmp_path / "export"
     assert main(["export", "--to", "vllm", str(out), "--method", "bpd", "--checkpoint", str(tmp_path / "medusa"),
                  "--target", str(tiny_model_dir)]) == 0
@@ -293,11 +293,11 @@ def test_export_command(tiny_model_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "q/k norm" in err and len(err.splitlines()) == 1 and not (tmp_path / "x").exists()
     assert main(["export", "--to", "vllm", str(tmp_path / "y"), "--method", "dflash", "--checkpoint",
-                 str(tmp_path / "medusa"), "--target", str(tiny_model_dir)]) == 2  # a heads checkpoint
-    assert "not a 'block' drafter" in capsys.readouterr().err
+                 str(tmp_path / "medusa"), "--target", str(tiny_model_dir)]) == 2  # a bpd checkpoint
+    assert "not a 'dflash' drafter" in capsys.readouterr().err
 
 
-def test_block_training_skips_steps_without_reply_positions(tiny, stores, tmp_path):
+def test_dflash_training_skips_steps_without_reply_positions(tiny, stores, tmp_path):
     """A conversation whose first turn fills the whole window has no reply position to anchor a block on
     (ShareGPT has them past 512 tokens): its steps are skipped instead of crashing the run."""
     from conftest import conversations
@@ -311,17 +311,17 @@ def test_block_training_skips_steps_without_reply_positions(tiny, stores, tmp_pa
     store = build_store(tiny, long_question + conversations(6), tmp_path / "store", max_tokens=2000, max_len=64,
                         top_k=8)
     assert any(not store.assistant[a : b - 1].any() for a, b in store.sequences())
-    train_block(tiny, store, None, tmp_path / "out", BlockTrainConfig(
-        gamma=4, draft_vocab=0, epochs=2, lr=5e-3, anchors_per_seq=4, style="dflash"))
+    train_dflash(tiny, store, None, tmp_path / "out", DFlashTrainConfig(
+        gamma=4, draft_vocab=0, epochs=2, lr=5e-3, anchors_per_seq=4, style="vllm"))
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
 def test_train_style_is_checked_before_anything_slow(tmp_path):
     from blockdraft.train.run import training_config
 
-    assert training_config("heads", tmp_path, style="medusa")[0].style == "medusa"
-    assert training_config("block", tmp_path, style="dflash")[0].style == "dflash"
-    with pytest.raises(BlockdraftError, match="'heads' drafter's styles are ffn, medusa"):
-        training_config("heads", tmp_path, style="dflash")
+    assert training_config("bpd", tmp_path, style="medusa")[0].style == "medusa"
+    assert training_config("dflash", tmp_path, style="vllm")[0].style == "vllm"
+    with pytest.raises(BlockdraftError, match="'bpd' drafter's styles are ffn, medusa"):
+        training_config("bpd", tmp_path, style="vllm")
     with pytest.raises(BlockdraftError, match="do not apply to the 'neural' drafter"):
         training_config("neural", tmp_path, style="medusa")

@@ -11,17 +11,17 @@ import torch
 from conftest import conversations
 from safetensors.torch import load_file
 
-from blockdraft.train.block import BlockTrainConfig, train_block
+from blockdraft.train.bpd import BPDTrainConfig, train_bpd
+from blockdraft.train.dflash import DFlashTrainConfig, train_dflash
 from blockdraft.train.features import FeatureStore, build_store
-from blockdraft.train.heads import HeadsTrainConfig, train_heads
 from blockdraft.train.neural import NeuralTrainConfig, train_neural
 from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash
 
 KINDS = {  # each stops mid-epoch, so the data position matters
-    "heads": (train_heads, lambda **k: HeadsTrainConfig(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.6,
-                                                        batch=64, lr=5e-3, **k)),
-    "block": (train_block, lambda **k: BlockTrainConfig(gamma=4, draft_vocab=20, epochs=0.4, lr=5e-3,
-                                                        anchors_per_seq=8, seqs_per_step=2, **k)),
+    "bpd": (train_bpd, lambda **k: BPDTrainConfig(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.6,
+                                                  batch=64, lr=5e-3, **k)),
+    "dflash": (train_dflash, lambda **k: DFlashTrainConfig(gamma=4, draft_vocab=20, epochs=0.4, lr=5e-3,
+                                                           anchors_per_seq=8, seqs_per_step=2, **k)),
     "neural": (train_neural, lambda **k: NeuralTrainConfig(width=16, num_layers=1, window=8, draft_vocab=0,
                                                            epochs=0.5, batch=16, lr=3e-3, **k)),
     "treeflash": (train_treeflash, lambda **k: TreeFlashTrainConfig(inner_size=16, epochs=0.4, lr=3e-3,
@@ -33,8 +33,8 @@ KINDS = {  # each stops mid-epoch, so the data position matters
 def base_block(tiny, stores, tmp_path_factory):
     """A small block drafter for the AR module to build on."""
     out = tmp_path_factory.mktemp("base") / "dflash"
-    train_block(tiny, stores[0], None, out, BlockTrainConfig(gamma=4, draft_vocab=20, epochs=0.2, lr=5e-3,
-                                                             anchors_per_seq=8))
+    train_dflash(tiny, stores[0], None, out, DFlashTrainConfig(gamma=4, draft_vocab=20, epochs=0.2, lr=5e-3,
+                                                               anchors_per_seq=8))
     return out
 
 
@@ -87,7 +87,7 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
 
     monkeypatch.setattr(cli, "_load_target", load)
     out = tmp_path / "run"
-    args = ["train", "--target", str(tiny_model_dir), "--drafter", "heads", "--data", str(tmp_path / "data.json"),
+    args = ["train", "--target", str(tiny_model_dir), "--drafter", "bpd", "--data", str(tmp_path / "data.json"),
             "--max-tokens", "3000", "--valid-tokens", "300", "--num-heads", "2", "--inner-size", "24",
             "--draft-vocab", "0", "--epochs", "2", "--lr", "0.003", "--stop-at-step", "5", "--out", str(out),
             "--dtype", "float32", "--max-len", "40"]
@@ -103,7 +103,7 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
     state = json.loads((out / "resume" / "state.json").read_text())
     assert state["step"] == state["total_steps"] > 5
     run = json.loads((out / "run.json").read_text())
-    assert run["drafter"] == "heads" and run["options"]["num_heads"] == 2 and run["options"]["inner_size"] == 24
+    assert run["drafter"] == "bpd" and run["options"]["num_heads"] == 2 and run["options"]["inner_size"] == 24
     assert json.loads((out / "config.json").read_text())["inner_size"] == 24  # the resumed run kept it
     store = FeatureStore.open(run["store"])  # --max-len reached the store: no conversation is longer
     assert run["max_len"] == store.meta["max_len"] == 40
@@ -111,15 +111,15 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
 
 
 def test_time_limit_stops_with_a_checkpoint_and_resumes(tiny, stores, tmp_path):
-    from blockdraft.drafters import HeadsDrafter
+    from blockdraft.drafters import BPDDrafter
 
     cfg = dict(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.3, batch=64, lr=5e-3)
-    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(max_minutes=1e-9, **cfg))
+    train_bpd(tiny, stores[0], None, tmp_path / "run", BPDTrainConfig(max_minutes=1e-9, **cfg))
     state = json.loads((tmp_path / "run" / "resume" / "state.json").read_text())
     assert state["step"] < state["total_steps"]  # stopped by the (tiny) time limit
-    drafter = HeadsDrafter.from_pretrained(tmp_path / "run", tiny)  # a usable checkpoint was written
+    drafter = BPDDrafter.from_pretrained(tmp_path / "run", tiny)  # a usable checkpoint was written
     assert drafter.config.training["stopped"] == "time limit"
-    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(max_minutes=60, **cfg), resume=True)
+    train_bpd(tiny, stores[0], None, tmp_path / "run", BPDTrainConfig(max_minutes=60, **cfg), resume=True)
     state = json.loads((tmp_path / "run" / "resume" / "state.json").read_text())
     assert state["step"] == state["total_steps"]
 
@@ -128,10 +128,10 @@ def test_ctrl_c_stops_after_the_step_and_resumes(tiny, stores, tmp_path, monkeyp
     import os
     import signal
 
-    from blockdraft.train import common
+    from blockdraft.train import distill
 
     cfg = dict(num_heads=2, inner_size=32, draft_vocab=0, epochs=0.3, batch=64, lr=5e-3)
-    gather, calls = common.Teacher.gather, []
+    gather, calls = distill.Teacher.gather, []
 
     def gather_then_interrupt(*a, **k):  # Ctrl-C arrives in the middle of the 4th step
         calls.append(1)
@@ -139,16 +139,16 @@ def test_ctrl_c_stops_after_the_step_and_resumes(tiny, stores, tmp_path, monkeyp
             os.kill(os.getpid(), signal.SIGINT)
         return gather(*a, **k)
 
-    monkeypatch.setattr(common.Teacher, "gather", staticmethod(gather_then_interrupt))
+    monkeypatch.setattr(distill.Teacher, "gather", staticmethod(gather_then_interrupt))
     before = signal.getsignal(signal.SIGINT)
-    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(**cfg))  # no KeyboardInterrupt
+    train_bpd(tiny, stores[0], None, tmp_path / "run", BPDTrainConfig(**cfg))  # no KeyboardInterrupt
     assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
     weights, state = resume_state(tmp_path / "run")
     assert state["step"] == 4 < state["total_steps"]  # the step in progress was finished, then it stopped
     assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["stopped"] == "interrupted"
-    monkeypatch.setattr(common.Teacher, "gather", gather)
-    train_heads(tiny, stores[0], None, tmp_path / "run", HeadsTrainConfig(**cfg), resume=True)
-    train_heads(tiny, stores[0], None, tmp_path / "whole", HeadsTrainConfig(**cfg))
+    monkeypatch.setattr(distill.Teacher, "gather", gather)
+    train_bpd(tiny, stores[0], None, tmp_path / "run", BPDTrainConfig(**cfg), resume=True)
+    train_bpd(tiny, stores[0], None, tmp_path / "whole", BPDTrainConfig(**cfg))
     (a, _), (b, _) = resume_state(tmp_path / "run"), resume_state(tmp_path / "whole")
     assert all(torch.equal(a[k], b[k]) for k in a)
 

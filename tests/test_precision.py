@@ -66,7 +66,7 @@ def test_bad_dtype_or_device_is_a_clear_error(monkeypatch):
 def test_cli_refuses_bad_precision_in_one_line(monkeypatch, tiny_model_dir, capsys, command, flag, value, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = {"generate": ["generate", "hi"], "bench": ["bench", "--methods", "ar"], "analyze": ["analyze"],
-            "train": ["train", "--drafter", "heads", "--out", "unused"]}[command]
+            "train": ["train", "--drafter", "bpd", "--out", "unused"]}[command]
     assert main([*args, "--target", str(tiny_model_dir), flag, value]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("blockdraft: error: ") and message in err and len(err.splitlines()) == 1

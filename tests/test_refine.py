@@ -12,8 +12,8 @@ from conftest import conversations, tiny_llama
 from test_sampling_lossless import V, TABLE, chi_square_p, markov_expected, markov_samples
 
 from blockdraft import NoDrafter, SpeculativeDecoder, Target
-from blockdraft.drafters import DraftContext, DraftLattice, Drafter, HeadsDrafter
-from blockdraft.drafters.heads import HeadsConfig, HeadsModel
+from blockdraft.drafters import BPDDrafter, DraftContext, DraftLattice, Drafter
+from blockdraft.drafters.bpd import BPDConfig, BPDModel
 from blockdraft.drafters.layers import FrozenLMHead
 from blockdraft.errors import BlockdraftError
 from blockdraft.refine.drafter import RescoredDrafter
@@ -107,13 +107,13 @@ def test_local_rescoring_with_alpha_zero_is_the_top1_chain():
             ctx.append(tok)
 
 
-def heads_drafter(target: Target, seed: int = 0) -> HeadsDrafter:
+def heads_drafter(target: Target, seed: int = 0) -> BPDDrafter:
     """Untrained heads with random (not zero) output layers: wrong often enough to exercise rejection."""
     torch.manual_seed(seed)
-    model = HeadsModel(HeadsConfig(target.hidden_size, target.num_layers, num_heads=3, inner_size=16))
+    model = BPDModel(BPDConfig(target.hidden_size, target.num_layers, num_heads=3, inner_size=16))
     for head in model.heads:
         torch.nn.init.normal_(head.down.weight, std=0.5)
-    return HeadsDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, None), top_k=4)
+    return BPDDrafter(model, FrozenLMHead(target.model.get_output_embeddings().weight, None), top_k=4)
 
 
 def eos_free_target(seed: int, vocab: int = 24) -> Target:

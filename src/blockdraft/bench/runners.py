@@ -10,7 +10,7 @@ import torch
 
 from ..decoding import SpeculativeDecoder
 from ..errors import BlockdraftError
-from ..methods import METHODS, make_drafter, parse_method
+from ..methods import METHODS, check_method, make_drafter, parse_method
 from ..model import Target
 from ..verify import SamplingParams
 
@@ -113,8 +113,7 @@ class HFRunner:
 def check_methods(methods: list[str]) -> None:
     """Refuse unknown method names, and a run without `ar` (every speedup is measured against it)."""
     for m in methods:
-        if m not in HF_METHODS and parse_method(m)[0] not in METHODS:
-            raise BlockdraftError(f"unknown method '{m}': choose from {', '.join([*METHODS, *HF_METHODS])}")
+        check_method(m, also=tuple(HF_METHODS))  # a registered method (methods.py), or transformers' own
     if "ar" not in methods:
         raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
 

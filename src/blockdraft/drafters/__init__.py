@@ -2,11 +2,11 @@
 
 from .ar import NoDrafter
 from .base import DraftContext, Drafter
-from .block import BlockDrafter
-from .heads import HeadsDrafter
+from .bpd import BPDDrafter
+from .dflash import DFlashDrafter
 from .lattice import DraftLattice
 from .lookup import PromptLookupDrafter
 from .suffix import SuffixDrafter
 
-__all__ = ["BlockDrafter", "DraftContext", "DraftLattice", "Drafter", "HeadsDrafter", "NoDrafter",
+__all__ = ["BPDDrafter", "DFlashDrafter", "DraftContext", "DraftLattice", "Drafter", "NoDrafter",
            "PromptLookupDrafter", "SuffixDrafter"]

@@ -13,6 +13,13 @@ from safetensors.torch import load_file, save_file
 from ..errors import BlockdraftError
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
+# Drafter kinds before each drafter had one name (its method's): checkpoints that record them still load
+OLD_KINDS = {"heads": "bpd", "block": "dflash"}
+
+
+def drafter_kind(recorded: str | None) -> str | None:
+    """A checkpoint's drafter kind under its current name ('block' -> 'dflash', 'heads' -> 'bpd')."""
+    return OLD_KINDS.get(recorded, recorded)
 
 
 def target_signature(target) -> dict:
@@ -49,7 +56,7 @@ def load_checkpoint(folder, kind: str, target=None) -> tuple[dict, dict[str, tor
     """Read and check a checkpoint folder: right drafter kind, right target, readable weights."""
     folder = Path(folder)
     config = read_config(folder)
-    found = config.get("blockdraft_drafter")
+    found = drafter_kind(config.get("blockdraft_drafter"))
     if found != kind:
         raise BlockdraftError(f"'{folder}' holds a '{found}' drafter, not a '{kind}' drafter")
     if target is not None:

@@ -29,7 +29,7 @@ from ..trees.budget import CostCurve, keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
 from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
-from .checkpoint import load_checkpoint, load_weights, save_drafter
+from .checkpoint import drafter_kind, load_checkpoint, load_weights, save_drafter
 
 
 # Transition rows over each depth's 128 likeliest marginal tokens, not the 8k draft vocabulary: on held-out ShareGPT
@@ -43,7 +43,7 @@ class ARApproxConfig:
     inner_size: int = 1152
     rms_eps: float = 1e-5
     block_drafter: str = ""  # the base drafter checkpoint it was trained on (for the record)
-    base_kind: str = "block"  # the base drafter's checkpoint kind: "block" (TreeFlash) or "heads" (Hydra-like)
+    base_kind: str = "dflash"  # the base drafter's checkpoint kind: "dflash" (TreeFlash) or "bpd" (Hydra-like)
     draft_vocab: int = 0
     training: dict = field(default_factory=dict)
 
@@ -119,7 +119,7 @@ class TreeFlashDrafter(Drafter):
         config, state = load_checkpoint(folder, cls.kind, target)
         state.pop("draft_vocab", None)  # the base drafter's, recorded for the record
         cfg = ARApproxConfig(**{k: v for k, v in config.items() if k in ARApproxConfig.__dataclass_fields__})
-        if cfg.base_kind != base.kind:
+        if drafter_kind(cfg.base_kind) != base.kind:  # modules trained before the rename say 'block' or 'heads'
             raise BlockdraftError(f"the AR module '{folder}' was trained on a '{cfg.base_kind}' drafter, "
                                   f"not on a '{base.kind}' drafter")
         module = ARApproxModule(cfg)

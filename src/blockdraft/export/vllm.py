@@ -1,10 +1,10 @@
-"""BPD heads as a vLLM Medusa checkpoint, the block drafter as a vLLM DFlash one: exact, or refused with the reason.
+"""The bpd drafter as a vLLM Medusa checkpoint, the dflash drafter as a vLLM DFlash one: exact, or refused (why).
 
 Both formats were read off vLLM 0.32's loaders (vllm/model_executor/models/medusa.py, qwen3_dflash.py, the
 proposers in vllm/v1/spec_decode/ and vllm/config/speculative.py). Each export is a folder with config.json
 and model.safetensors (float32; vLLM casts to its own dtype on load). Where our architecture computes
 something vLLM's cannot, nothing is written: the error names every mismatch and the compatible variant to
-train (`blockdraft train --style medusa|dflash`). The one rewrite done is exact algebra: our per-dimension
+train (`blockdraft train --style medusa|vllm`). The one rewrite done is exact algebra: our per-dimension
 feature scale s folds into the DFlash fc, W (s * f) = (W diag s) f, with its columns permuted to the
 ascending layer order in which vLLM concatenates the target's states.
 """
@@ -20,9 +20,9 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
-from ..drafters.block import BlockConfig, BlockModel
 from ..drafters.checkpoint import CONFIG, WEIGHTS, load_checkpoint, load_weights, target_signature
-from ..drafters.heads import HeadsConfig, HeadsModel
+from ..drafters.bpd import BPDConfig, BPDModel
+from ..drafters.dflash_model import DFlashConfig, DFlashModel
 from ..errors import BlockdraftError
 
 VLLM_VERSION = "0.32"  # the vLLM whose loaders these formats follow
@@ -38,10 +38,10 @@ def _lm_head_rows(target, vocab: torch.Tensor | None) -> torch.Tensor:
     return w if vocab is None else w[vocab.long()]
 
 
-# --- Medusa (BPD heads) ---------------------------------------------------------------------------------
+# --- Medusa (the bpd drafter) --------------------------------------------------------------------------------
 def medusa_mismatches(config: dict, state: dict, target) -> list[str]:
     """Why vLLM's MedusaModel cannot run these heads as they are (empty: it can)."""
-    c = HeadsConfig(**_fields(HeadsConfig, config))
+    c = BPDConfig(**_fields(BPDConfig, config))
     if c.style == "medusa":
         return []
     return [f"head shape: our BPD heads are x + W2 SiLU(W1 x) with a {c.inner_size}-wide inner layer, vLLM's Medusa "
@@ -53,8 +53,8 @@ def medusa_convert(config: dict, state: dict, target, folder) -> tuple[dict, dic
     """(config.json, tensors) of vLLM's MedusaModel: blocks.{h}.layers.{l}.{weight,bias}, one shared LM head
     (original_lm_head) over the draft vocabulary and token_map, its draft -> target id map."""
     vocab = state.pop("draft_vocab", None)
-    c = HeadsConfig(**_fields(HeadsConfig, config))
-    model = HeadsModel(c)
+    c = BPDConfig(**_fields(BPDConfig, config))
+    model = BPDModel(c)
     load_weights(model, state, folder)
     tensors = {f"blocks.{k.removeprefix('heads.')}": v.float() for k, v in model.state_dict().items()}
     # Our heads all read the target's frozen LM head: vLLM's original_lm_head is exactly that (one
@@ -76,12 +76,12 @@ def medusa_convert(config: dict, state: dict, target, folder) -> tuple[dict, dic
     return out, tensors
 
 
-# --- DFlash (block drafter) -----------------------------------------------------------------------------
+# --- DFlash (the dflash drafter) ----------------------------------------------------------------------------
 def dflash_mismatches(config: dict, state: dict, target) -> list[str]:
-    """Why vLLM's DFlashDraftModel cannot run this block drafter as it is (empty: it can)."""
-    c = BlockConfig(**_fields(BlockConfig, config))
+    """Why vLLM's DFlashDraftModel cannot run this DFlash drafter as it is (empty: it can)."""
+    c = DFlashConfig(**_fields(DFlashConfig, config))
     out = []
-    if c.style != "dflash":
+    if c.style != "vllm":
         extra = " and the target's final state" if c.final_state_residual else ""
         out.append("block inputs: ours add the root's embedding, the projected last context state" + extra +
                    " to every block position and learn one MASK embedding per depth; vLLM's DFlash feeds plain "
@@ -109,9 +109,8 @@ def dflash_convert(config: dict, state: dict, target, folder) -> tuple[dict, dic
     """(config.json, tensors) of vLLM's DFlashDraftModel (Qwen3-style layers, fc, hidden_norm, norm, lm_head,
     d2t); embed_tokens is left out, so vLLM shares the target's, which is what our drafter reads."""
     vocab = state.pop("draft_vocab", None)
-    c = BlockConfig(**_fields(BlockConfig, config))
-    c.feature_layers = tuple(c.feature_layers)
-    model = BlockModel(c)
+    c = DFlashConfig(**_fields(DFlashConfig, config))
+    model = DFlashModel(c)
     load_weights(model, state, folder)
     s = {k: v.float() for k, v in model.state_dict().items()}
     h = c.hidden_size
@@ -146,40 +145,42 @@ def dflash_convert(config: dict, state: dict, target, folder) -> tuple[dict, dic
 
 
 @dataclass(frozen=True)
-class Exporter:
-    kind: str  # our checkpoint kind (drafters.checkpoint)
-    train_as: str  # `blockdraft train --drafter` of the shipped checkpoint
-    vllm_method: str  # speculative_config["method"]
-    style: str  # our compatible variant (`blockdraft train --style`)
+class VllmFormat:
+    """One of vLLM's speculative methods (a Method's `exporter`) and how our checkpoints become its."""
+
+    kind: str  # the checkpoint kind it reads (drafters.checkpoint), our method's name
+    style: str  # our variant vLLM can run (`blockdraft train --style`)
     mismatches: Callable
     convert: Callable
 
 
-EXPORTERS = {
-    "bpd": Exporter("heads", "heads", "medusa", "medusa", medusa_mismatches, medusa_convert),
-    "dflash": Exporter("block", "block", "dflash", "dflash", dflash_mismatches, dflash_convert),
+FORMATS = {  # vLLM's speculative_config["method"] -> how to write it
+    "medusa": VllmFormat("bpd", "medusa", medusa_mismatches, medusa_convert),
+    "dflash": VllmFormat("dflash", "vllm", dflash_mismatches, dflash_convert),
 }
 
 
 def export_vllm(out, method: str, target, checkpoint=None) -> Path:
     """Write `method`'s checkpoint (default: the one shipped for `target`) to `out` in vLLM's format."""
-    from ..methods import shipped_checkpoint
+    from ..methods import METHODS, shipped_checkpoint
 
-    if method not in EXPORTERS:
-        raise BlockdraftError(f"cannot export method '{method}' to vLLM: choose one of {', '.join(EXPORTERS)}")
-    e = EXPORTERS[method]
-    folder = Path(checkpoint) if checkpoint else shipped_checkpoint(target, method, e.train_as)
+    exporter = METHODS[method].exporter if method in METHODS else None
+    if exporter not in FORMATS:
+        exportable = [m.name for m in METHODS.values() if m.exporter in FORMATS]
+        raise BlockdraftError(f"cannot export method '{method}' to vLLM: choose one of {', '.join(exportable)}")
+    e, train_as = FORMATS[exporter], METHODS[method].trainer
+    folder = Path(checkpoint) if checkpoint else shipped_checkpoint(target, method, train_as)
     config, state = load_checkpoint(folder, e.kind, target)  # the right kind, made for this target
     problems = e.mismatches(config, state, target)
     if problems:
         raise BlockdraftError(
-            f"'{folder}' cannot be written as vLLM's {e.vllm_method} drafter without changing what it computes: "
+            f"'{folder}' cannot be written as vLLM's {exporter} drafter without changing what it computes: "
             + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
-            + f". Train the compatible variant with `blockdraft train --drafter {e.train_as} --style {e.style} "
+            + f". Train the compatible variant with `blockdraft train --drafter {train_as} --style {e.style} "
             f"--out DIR` and export that (--checkpoint DIR)")
     vllm_config, tensors = e.convert(config, state, target, folder)
     vllm_config["blockdraft"] = {"method": method, "source": str(folder), "target": target_signature(target),
-                                 "vllm_method": e.vllm_method, "vllm_version": VLLM_VERSION}
+                                 "vllm_method": exporter, "vllm_version": VLLM_VERSION}
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / CONFIG).is_file():
         raise BlockdraftError(f"'{out}' exists and is not an exported drafter: choose an empty or new folder")

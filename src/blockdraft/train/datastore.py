@@ -61,3 +61,6 @@ def default_datastore(target, data: str = "sharegpt") -> Datastore:
         print(f"rest: building the datastore for '{target.name}' once (cached in {folder})", file=sys.stderr)
         return train_datastore(target, folder, data)
     return Datastore.load(folder, target)
+
+
+TRAINING = (DatastoreTrainConfig, train_datastore)  # `blockdraft train --drafter datastore`

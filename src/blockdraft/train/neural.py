@@ -8,9 +8,12 @@ import numpy as np
 import torch
 
 from ..refine.neural import NeuralLM, NeuralLMConfig, NeuralRescorer
-from .common import (DEFAULT_DRAFT_VOCAB, DraftMetrics, Teacher, Trainer, distill_loss, draft_vocabulary, for_training,
-                     mixed_precision)
+from .distill import Teacher, distill_loss
 from .features import FeatureStore
+from .metrics import DraftMetrics
+from .precision import for_training, mixed_precision
+from .trainer import Trainer
+from .vocab import DEFAULT_DRAFT_VOCAB, draft_vocabulary
 
 
 @dataclass
@@ -96,3 +99,6 @@ def evaluate_neural(rescorer: NeuralRescorer, store: FeatureStore, limit: int | 
         pred = rescorer.lm_head.to_target_ids(rescorer.lm_head(rescorer.model(emb)).argmax(-1))
         metrics.add(pred.reshape(-1, 1), teacher.top1.reshape(-1, 1), ok.reshape(-1, 1))
     return metrics
+
+
+TRAINING = (NeuralTrainConfig, train_neural)  # `blockdraft train --drafter neural`

@@ -85,3 +85,6 @@ def train_ngram(target, out, data: str = "sharegpt", order: int = 4, max_tokens:
     sizes = ", ".join(f"{n}-grams {len(o.pair_keys):,}" for n, o in enumerate(lm.orders, start=1))
     print(f"order {order}: {sizes}; held-out reply perplexity {lm.meta['valid_perplexity']}")
     return lm
+
+
+TRAINING = (NGramTrainConfig, train_ngram)  # `blockdraft train --drafter ngram`

@@ -4,31 +4,43 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from dataclasses import fields
+from importlib import import_module
 from pathlib import Path
 
 from ..data.sharegpt import data_path, load_conversations, split_conversations
-from ..drafters.block import BLOCK_STYLES
-from ..drafters.heads import HEAD_STYLES
+from ..drafters.checkpoint import OLD_KINDS
 from ..errors import BlockdraftError
 from ..model.loading import cache_dir
-from .block import BlockTrainConfig, train_block
-from .common import saved_state
-from .datastore import DatastoreTrainConfig, train_datastore
 from .features import DEFAULT_MAX_LEN, build_store
-from .heads import HeadsTrainConfig, train_heads
-from .neural import NeuralTrainConfig, train_neural
-from .ngram import NGramTrainConfig, train_ngram
-from .treeflash import TreeFlashTrainConfig, train_treeflash
+from .trainer import saved_state
 
-# --drafter -> (its options, its training function); all but ngram and datastore train from the feature store
-DRAFTERS = {
-    "heads": (HeadsTrainConfig, train_heads),
-    "block": (BlockTrainConfig, train_block),
-    "neural": (NeuralTrainConfig, train_neural),
-    "ngram": (NGramTrainConfig, train_ngram),
-    "datastore": (DatastoreTrainConfig, train_datastore),
-    "treeflash": (TreeFlashTrainConfig, train_treeflash),
-}
+
+def train_kinds() -> list[str]:
+    """The `--drafter` kinds: the trainers the registered methods name (Method.trainer), in registry order.
+    All but ngram and datastore train from the feature store."""
+    from ..methods import METHODS
+
+    return list(dict.fromkeys(m.trainer for m in METHODS.values() if m.trainer))
+
+
+def trainer_of(kind: str):
+    """(options dataclass, train function) of a `--drafter` kind: TRAINING in train/KIND.py."""
+    return import_module(f"{__package__}.{kind}").TRAINING
+
+
+def note(message: str) -> None:
+    print(f"blockdraft: note: {message}", file=sys.stderr)
+
+
+def train_kind(name: str | None) -> str | None:
+    """A --drafter kind under its current name: the old 'heads' and 'block' (before each drafter had one name,
+    its method's) still work, with a one-line note, as 'bpd' and 'dflash'."""
+    if name in OLD_KINDS:
+        note(f"--drafter {name} is now --drafter {OLD_KINDS[name]} (the old name still works)")
+        return OLD_KINDS[name]
+    return name
 
 
 def store_folder(target, data: str, split: str, max_tokens: int, max_len: int = DEFAULT_MAX_LEN) -> Path:
@@ -66,23 +78,31 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
 
 def training_config(drafter: str, out, resume: bool = False, **options):
     """Check the command's options before anything slow happens; returns (config, train function)."""
-    if drafter not in DRAFTERS:
-        raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
+    drafter = train_kind(drafter)
+    kinds = train_kinds()
+    if drafter not in kinds:
+        raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(kinds)}")
     if resume and drafter in ("ngram", "datastore"):
         raise BlockdraftError(f"--resume does not apply to the {drafter} drafter (built in one pass over the tokens)")
     if resume and saved_state(out) is None:
         raise BlockdraftError(f"--resume: '{out}' has no saved training state (resume/state.json)")
-    config_cls, train = DRAFTERS[drafter]
-    known = set(config_cls.__dataclass_fields__)
+    config_cls, train = trainer_of(drafter)
+    known = {f.name for f in fields(config_cls)}  # its options (ClassVars such as `styles` are not)
     bad = [k for k, v in options.items() if v is not None and k not in known]
     if bad:
         raise BlockdraftError(f"option(s) {', '.join(bad)} do not apply to the '{drafter}' drafter")
-    if options.get("inner_size") is not None and drafter == "heads" and options.get("init"):
+    if options.get("inner_size") is not None and drafter == "bpd" and options.get("init"):
         raise BlockdraftError(f"--inner-size applies to new heads: '{options['init']}' keeps its own width "
                               f"(fine-tuning); leave out --inner-size, or train from scratch")
-    styles = {"heads": HEAD_STYLES, "block": BLOCK_STYLES}.get(drafter, ())
-    if options.get("style") is not None and options["style"] not in styles:
-        raise BlockdraftError(f"--style {options['style']}: the '{drafter}' drafter's styles are {', '.join(styles)}")
+    style = options.get("style")
+    if style is not None:
+        renamed = getattr(config_cls, "old_styles", {})  # a style's name before it was renamed
+        if style in renamed:
+            note(f"--style {style} is now --style {renamed[style]} (the old name still works)")
+            options = {**options, "style": renamed[style]}
+        styles = getattr(config_cls, "styles", ())
+        if options["style"] not in styles:
+            raise BlockdraftError(f"--style {style}: the '{drafter}' drafter's styles are {', '.join(styles)}")
     return config_cls(**{k: v for k, v in options.items() if v is not None}), train
 
 
@@ -97,10 +117,12 @@ def saved_run(out) -> dict:
 
 def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, valid_tokens=30_000,
                   store=None, resume=False, target_arg: str | None = None, max_len: int | None = None, **options):
-    """Train a drafter (`heads`, `block`) or a rescoring LM (`neural`, `ngram`) and save it to `out`.
+    """Train a drafter (`bpd`, `dflash`, `treeflash`), a rescoring LM (`neural`, `ngram`) or a datastore and save
+    it to `out`.
 
     A resumed run reuses the feature stores it was started with (their paths are in OUT/run.json):
     they are complete, so nothing is recomputed."""
+    drafter = train_kind(drafter)
     cfg, train = training_config(drafter, out, resume, **options)
     if drafter == "datastore":  # token ids and a suffix array, no target features
         return train(target, out, data, max_tokens)

@@ -1,4 +1,4 @@
-"""Training TreeFlash's AR-approximation module on a frozen block drafter or BPD heads (teacher forcing)."""
+"""Training TreeFlash's AR-approximation module on a frozen DFlash or BPD drafter (teacher forcing)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,35 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..drafters.block import BlockDrafter
-from ..drafters.checkpoint import read_config
-from ..drafters.heads import HeadsDrafter
+from ..drafters.bpd import BPDDrafter
+from ..drafters.checkpoint import drafter_kind, read_config
+from ..drafters.dflash import DFlashDrafter
 from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
 from ..errors import BlockdraftError
-from .block import block_batch, block_hidden, pick_anchors
-from .common import DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, for_training, mixed_precision
+from .bpd import HeadPositions
+from .dflash import block_batch, block_hidden, pick_anchors
+from .distill import Teacher, depth_weights, distill_loss
 from .features import FeatureStore
-from .heads import HeadPositions
+from .metrics import DraftMetrics
+from .precision import for_training, mixed_precision
+from .trainer import Trainer
 
 
 @dataclass
 class TreeFlashTrainConfig:
-    init: str | None = None  # the base drafter checkpoint (required): a block drafter, or BPD heads
+    init: str | None = None  # the base drafter checkpoint (required): a DFlash or a BPD drafter
     init_module: str | None = None  # start from this AR module (trained on the same base): fine-tuning
     batch: int = 256  # positions per step, on BPD heads
     inner_size: int | None = None  # a new module's width (default 1152); with init_module, widen it to this
     epochs: float = 2.0
     lr: float = 1e-3
-    anchors_per_seq: int = 0  # on a block drafter; 0: one per gamma - 1 reply positions (train/block.py)
+    anchors_per_seq: int = 0  # on a DFlash drafter; 0: one per gamma - 1 reply positions (train/dflash.py)
     max_minutes: float = 0.0
     stop_at_step: int = 0
     seed: int = 0
 
 
-def module_batch(drafter: BlockDrafter, store: FeatureStore, a: int, b: int, cols, anchors):
+def module_batch(drafter: DFlashDrafter, store: FeatureStore, a: int, b: int, cols, anchors):
     """(frozen block states [A, g-1, H], true parent tokens [A, g-1], teacher rows, valid)."""
     g = drafter.config.gamma
     feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors, drafter.embed.device)
@@ -41,7 +44,7 @@ def module_batch(drafter: BlockDrafter, store: FeatureStore, a: int, b: int, col
     return h, true_parents(store, rows), rows, ok
 
 
-def heads_module_batch(drafter: HeadsDrafter, store: FeatureStore, positions: HeadPositions, col, p: np.ndarray):
+def heads_module_batch(drafter: BPDDrafter, store: FeatureStore, positions: HeadPositions, col, p: np.ndarray):
     """The same for BPD heads at state positions p: (frozen head states [B, k, H], parents, rows, valid)."""
     rows, ok = positions.batch(p)
     with torch.no_grad():
@@ -61,10 +64,10 @@ def parent_embeddings(base, parents: torch.Tensor) -> torch.Tensor:
 def load_base(folder, target):
     """The frozen drafter the module builds on, whichever kind the checkpoint holds (in float32, on the
     target's device)."""
-    kind = read_config(folder).get("blockdraft_drafter")
-    if kind not in ("block", "heads"):
-        raise BlockdraftError(f"--init '{folder}' must be a block drafter or BPD heads checkpoint (found {kind})")
-    base = for_training((BlockDrafter if kind == "block" else HeadsDrafter).from_pretrained(folder, target))
+    kind = drafter_kind(read_config(folder).get("blockdraft_drafter"))
+    if kind not in ("dflash", "bpd"):
+        raise BlockdraftError(f"--init '{folder}' must be a dflash or bpd drafter checkpoint (found {kind})")
+    base = for_training((DFlashDrafter if kind == "dflash" else BPDDrafter).from_pretrained(folder, target))
     for p in base.model.parameters():
         p.requires_grad_(False)
     return base
@@ -73,7 +76,7 @@ def load_base(folder, target):
 def batch_source(base, store: FeatureStore, cfg: "TreeFlashTrainConfig"):
     """What one epoch permutes for either base, items per batch, and batch(items, rng) -> (states, parents,
     teacher rows, valid), or None for a sequence without anchors."""
-    if isinstance(base, HeadsDrafter):
+    if isinstance(base, BPDDrafter):
         positions = HeadPositions(store, base.config.num_heads)
         col = store.layer_slice(base.feature_layers)
         size = max(1, min(cfg.batch, len(positions.candidates)))
@@ -138,7 +141,7 @@ def steps_per_epoch(base, store: FeatureStore, cfg: "TreeFlashTrainConfig") -> i
 def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: TreeFlashTrainConfig,
                     resume: bool = False) -> TreeFlashDrafter:
     if not cfg.init:
-        raise BlockdraftError("--drafter treeflash trains on top of a block drafter or BPD heads: "
+        raise BlockdraftError("--drafter treeflash trains on top of a dflash or bpd drafter: "
                               "pass --init DRAFTER_DIR")
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -153,7 +156,7 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
                                                base_kind=base.kind)).to(target.device)
     drafter = TreeFlashDrafter(base, module)
     t2d = base.lm_head.target_to_draft(target.vocab_size)
-    depth = base.config.gamma - 1 if isinstance(base, BlockDrafter) else base.config.num_heads
+    depth = base.config.gamma - 1 if isinstance(base, DFlashDrafter) else base.config.num_heads
     weights = depth_weights(depth, depth)  # earlier depths weigh more
     steps = int(cfg.epochs * steps_per_epoch(base, store, cfg))
     evaluate = (lambda: evaluate_treeflash(drafter, valid, max_batches=40)) if valid is not None else None
@@ -199,3 +202,6 @@ def evaluate_treeflash(drafter: TreeFlashDrafter, store: FeatureStore, seed: int
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
         metrics.add(draft, teacher_top1.view(rows.shape), ok)
     return metrics
+
+
+TRAINING = (TreeFlashTrainConfig, train_treeflash)  # `blockdraft train --drafter treeflash`

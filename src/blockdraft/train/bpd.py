@@ -1,21 +1,26 @@
-"""Training BPD heads: each head learns the target's distribution i+1 tokens ahead from one hidden state."""
+"""Training the BPD drafter's heads: each learns the target's distribution i+1 tokens ahead from one hidden state."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ..drafters.heads import HeadsConfig, HeadsDrafter, HeadsModel
+from ..drafters.bpd import HEAD_STYLES, BPDConfig, BPDDrafter, BPDModel
 from ..drafters.layers import FrozenLMHead
-from .common import (DEFAULT_DRAFT_VOCAB, DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary,
-                     for_training, frozen_float32, grow_vocabulary, mixed_precision)
+from .distill import Teacher, depth_weights, distill_loss
 from .features import FeatureStore
+from .metrics import DraftMetrics
+from .precision import for_training, frozen_float32, mixed_precision
+from .trainer import Trainer
+from .vocab import DEFAULT_DRAFT_VOCAB, draft_vocabulary, grow_vocabulary
 
 
 @dataclass
-class HeadsTrainConfig:
+class BPDTrainConfig:
+    styles: ClassVar[tuple[str, ...]] = HEAD_STYLES  # --style
     num_heads: int = 4
     inner_size: int = 1152
     draft_vocab: int | None = None  # None: 8192 for a new run, the checkpoint's with --init (which may grow it)
@@ -26,7 +31,7 @@ class HeadsTrainConfig:
     stop_at_step: int = 0
     seed: int = 0
     init: str | None = None  # start from this heads checkpoint (its heads and draft vocabulary): fine-tuning
-    style: str = "ffn"  # head body (drafters.heads.HEAD_STYLES); "medusa" is the one vLLM can load
+    style: str = "ffn"  # head body (drafters.bpd.HEAD_STYLES); "medusa" is the one vLLM can load
     medusa_layers: int = 1
 
 
@@ -52,27 +57,27 @@ class HeadPositions:
         return rows, torch.from_numpy(inside & self.assistant[rows])
 
 
-def heads_forward(model: HeadsModel, lm_head: FrozenLMHead, store: FeatureStore, col: np.ndarray, p: np.ndarray):
+def heads_forward(model: BPDModel, lm_head: FrozenLMHead, store: FeatureStore, col: np.ndarray, p: np.ndarray):
     h = store.read(p, col, lm_head.weight.device)
     return lm_head(model(h))  # [B, k, V']
 
 
-def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: HeadsTrainConfig,
-                resume: bool = False) -> HeadsDrafter:
+def train_bpd(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BPDTrainConfig,
+              resume: bool = False) -> BPDDrafter:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     final = store.layers[-1]
     if cfg.init:
-        drafter = for_training(HeadsDrafter.from_pretrained(cfg.init, target))
+        drafter = for_training(BPDDrafter.from_pretrained(cfg.init, target))
         model = drafter.model
         model.config.training = {"init": str(cfg.init), "init_training": model.config.training}
         grow_vocabulary(drafter, target, store, cfg.draft_vocab)
     else:  # float32 weights on the target's device; forward passes autocast to a bf16 target's dtype
-        model = HeadsModel(HeadsConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size, style=cfg.style,
+        model = BPDModel(BPDConfig(target.hidden_size, final, cfg.num_heads, cfg.inner_size, style=cfg.style,
                                        medusa_layers=cfg.medusa_layers)).to(target.device)
         vocab = draft_vocabulary(store, DEFAULT_DRAFT_VOCAB if cfg.draft_vocab is None else cfg.draft_vocab,
                                  sorted(target.eos_token_ids))
-        drafter = HeadsDrafter(model, FrozenLMHead(frozen_float32(target.model.get_output_embeddings().weight), vocab),
+        drafter = BPDDrafter(model, FrozenLMHead(frozen_float32(target.model.get_output_embeddings().weight), vocab),
                                embed=frozen_float32(target.model.get_input_embeddings().weight))
     cfg.num_heads = model.config.num_heads
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
@@ -80,7 +85,7 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     positions = HeadPositions(store, cfg.num_heads)
     weights = depth_weights(cfg.num_heads, cfg.num_heads)
     steps = int(cfg.epochs * len(positions.candidates) / cfg.batch)
-    evaluate = (lambda: evaluate_heads(drafter, valid, limit=4096)) if valid is not None else None
+    evaluate = (lambda: evaluate_bpd(drafter, valid, limit=4096)) if valid is not None else None
     trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="BPD heads", evaluate=evaluate,
                       stop_at_step=cfg.stop_at_step)
     model.train()
@@ -97,7 +102,7 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     model.eval()
     model.config.training = {**model.config.training, **trainer.record(cfg, store)}
     if valid is not None:
-        metrics = evaluate_heads(drafter, valid)
+        metrics = evaluate_bpd(drafter, valid)
         model.config.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],
                                      valid_tau_tf=round(metrics.tau, 3))
         print(metrics.summary())
@@ -106,7 +111,7 @@ def train_heads(target, store: FeatureStore, valid: FeatureStore | None, out, cf
 
 
 @torch.inference_mode()
-def evaluate_heads(drafter: HeadsDrafter, store: FeatureStore, batch: int = 1024, limit: int | None = None
+def evaluate_bpd(drafter: BPDDrafter, store: FeatureStore, batch: int = 1024, limit: int | None = None
                    ) -> DraftMetrics:
     """Teacher-forced agreement of every head with the target on a held-out store (all positions, or an
     evenly spaced sample of `limit`)."""
@@ -124,3 +129,6 @@ def evaluate_heads(drafter: HeadsDrafter, store: FeatureStore, batch: int = 1024
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
         metrics.add(draft, teacher_top1.view(rows.shape), ok)
     return metrics
+
+
+TRAINING = (BPDTrainConfig, train_bpd)  # `blockdraft train --drafter bpd`: its options, its run

@@ -1,4 +1,4 @@
-"""What every drafter's training shares: teacher targets, the distillation loss, the loop, validation metrics."""
+"""The training loop every drafter shares: AdamW, schedule, time budget, log, resumable state, stop signals."""
 
 from __future__ import annotations
 
@@ -8,149 +8,14 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..drafters.layers import FrozenLMHead, frequent_tokens
 from ..errors import BlockdraftError
-from .features import FeatureStore
-
-
-DEFAULT_DRAFT_VOCAB = 8192  # covers 91% of held-out target top-1 tokens at a sixth of the LM head's cost
-
-
-def draft_vocabulary(store: FeatureStore, size: int, always: list[int]) -> torch.Tensor | None:
-    """The `size` target tokens that are most often the next reply token or the teacher's top-1."""
-    if size <= 0 or size >= store.meta["vocab_size"]:
-        return None
-    v = store.meta["vocab_size"]
-    mask = np.asarray(store.assistant, dtype=bool)
-    counts = np.bincount(np.asarray(store.topk_ids[:, 0])[mask], minlength=v)
-    counts += np.bincount(np.asarray(store.tokens[1:])[mask[:-1]], minlength=v)
-    return frequent_tokens(torch.from_numpy(counts), size, always)
-
-
-def grow_vocabulary(drafter, target, store: FeatureStore, size: int | None) -> None:
-    """Fine-tuning (`--init` with `--draft-vocab`): a larger draft vocabulary than the checkpoint's, its
-    tokens kept and the store's next most frequent added. The LM head is the target's own (frozen), so
-    new tokens only add rows to it; the heads or block learn to rank them in the fine-tune."""
-    old = drafter.lm_head.vocab
-    full = store.meta["vocab_size"]
-    have = full if old is None else len(old)
-    want = full if size is None or size <= 0 or size >= full else size
-    if size is None or want == have:
-        return
-    if want < have:
-        raise BlockdraftError(f"--draft-vocab {size}: a fine-tune can only grow the checkpoint's draft vocabulary "
-                              f"({have} tokens); train a new drafter for a smaller one")
-    keep = sorted(set(old.tolist()) | set(target.eos_token_ids))
-    vocab = draft_vocabulary(store, want, keep)
-    drafter.lm_head = FrozenLMHead(frozen_float32(target.model.get_output_embeddings().weight), vocab)
-
-
-@dataclass
-class Teacher:
-    """Soft targets in draft-vocabulary ids: ids [..., K] (-1: outside the draft vocabulary), probs [..., K]."""
-
-    ids: torch.Tensor
-    probs: torch.Tensor
-    top1: torch.Tensor  # [...] the teacher's most likely token, in *target* ids (for accuracy)
-
-    @classmethod
-    def gather(cls, store: FeatureStore, rows: np.ndarray, target_to_draft: torch.Tensor) -> "Teacher":
-        """The teacher at store rows, on the device of `target_to_draft` (the drafter's)."""
-        device = target_to_draft.device
-        ids = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1)], dtype=np.int64)).to(device)
-        logp = torch.from_numpy(np.asarray(store.topk_logp[rows.reshape(-1)], dtype=np.float32)).to(device)
-        d = target_to_draft[ids]
-        p = logp.exp() * (d >= 0)
-        p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)  # the teacher's top-K, renormalised over the draft vocabulary
-        shape = (*rows.shape, ids.shape[-1])
-        return cls(d.view(shape), p.view(shape), ids[:, 0].view(rows.shape))
-
-
-def distill_loss(logits: torch.Tensor, teacher: Teacher, weight: torch.Tensor) -> torch.Tensor:
-    """Forward KL to the teacher's (top-K) distribution, up to a constant: -sum_j p_j log q(j).
-
-    logits [..., V'], teacher [..., K], weight [...] (0 where there is no target). Returns the weighted mean.
-    """
-    logq = torch.log_softmax(logits.float(), -1)
-    picked = logq.gather(-1, teacher.ids.clamp_min(0))
-    per_row = -(teacher.probs * picked).sum(-1)
-    weight = weight.to(per_row.device)
-    return (per_row * weight).sum() / weight.sum().clamp_min(1e-9)
-
-
-def mixed_precision(target):
-    """Autocast the forward passes to the target's dtype when it is bfloat16: the trainable weights stay
-    float32 (and are saved as before), the matmuls run in bf16 (about 2x faster with AMX). float16 has no
-    loss scaling here, so with a float16 target (and in float32) drafters train in float32."""
-    return torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=target.dtype == torch.bfloat16)
-
-
-def frozen_float32(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 copy of a frozen target matrix (embeddings, LM head) on its device, for training."""
-    return weight.detach().to(torch.float32)
-
-
-def for_training(drafter):
-    """A drafter loaded for a target (in its dtype) back in float32 on the same device: fine-tuning starts
-    from float32 weights, and a frozen base mixes with the float32 module trained on top of it."""
-    drafter.model.float()
-    drafter.lm_head.float()
-    if getattr(drafter, "embed", None) is not None:
-        drafter.embed = frozen_float32(drafter.embed)
-    if hasattr(drafter, "reset"):
-        drafter.reset([])
-    return drafter
-
-
-def depth_weights(depth: int, decay: float) -> torch.Tensor:
-    """w_k = exp(-(k-1)/decay): early drafts matter most, since a miss there ends the accepted run."""
-    return torch.exp(-torch.arange(depth, dtype=torch.float32) / decay)
-
-
-@dataclass
-class DraftMetrics:
-    """Teacher-forced draft quality: top-1 agreement with the target per depth, and the chain's tau.
-
-    tau_tf = 1 + E[length of the run of depths whose draft equals the target's argmax]: the tau a
-    chain would reach if the text so far were the target's own (an estimate, not a decoding run).
-    """
-
-    correct: list[float] = field(default_factory=list)
-    counted: list[float] = field(default_factory=list)
-    run_sum: float = 0.0
-    n_anchors: int = 0
-
-    def add(self, draft_top1: torch.Tensor, teacher_top1: torch.Tensor, valid: torch.Tensor) -> None:
-        """[A, D] tensors: the drafted token, the target's argmax, and whether a teacher exists there."""
-        hit = (draft_top1.cpu() == teacher_top1.cpu()) & valid.cpu()
-        depth = hit.shape[1]
-        if not self.correct:
-            self.correct, self.counted = [0.0] * depth, [0.0] * depth
-        for d in range(depth):
-            self.correct[d] += float(hit[:, d].sum())
-            self.counted[d] += float(valid[:, d].sum())
-        full = valid.all(1)  # anchors whose whole block has teachers
-        self.run_sum += float(hit[full].long().cumprod(1).sum())
-        self.n_anchors += int(full.sum())
-
-    @property
-    def accuracy(self) -> list[float]:
-        return [c / max(n, 1) for c, n in zip(self.correct, self.counted, strict=True)]
-
-    @property
-    def tau(self) -> float:
-        return 1.0 + self.run_sum / max(self.n_anchors, 1)
-
-    def summary(self) -> str:
-        acc = " ".join(f"{a:.3f}" for a in self.accuracy)
-        return f"top-1 agreement per depth: {acc}\nteacher-forced chain tau: {self.tau:.3f} ({self.n_anchors} blocks)"
+from .metrics import DraftMetrics
 
 
 class TrainLog:

@@ -1,4 +1,4 @@
-"""Blockwise parallel decoding heads (Stern et al. 2018; Kim et al. 2024): k FFN heads on the target's last state.
+"""The BPD drafter: blockwise parallel decoding heads (Stern et al. 2018; Kim et al. 2024) on the target's last state.
 
 Head i reads h_t, the target's final (normed) hidden state at the last committed token, and
 predicts the token i+1 places ahead (the target itself already gave the next one: the root).
@@ -25,7 +25,7 @@ HEAD_STYLES = ("ffn", "medusa")
 
 
 @dataclass
-class HeadsConfig:
+class BPDConfig:
     hidden_size: int
     feature_layer: int  # the target's hidden_states index of the final normed state (= num_layers)
     num_heads: int = 4
@@ -36,10 +36,10 @@ class HeadsConfig:
     training: dict = field(default_factory=dict)
 
 
-class HeadsModel(nn.Module):
+class BPDModel(nn.Module):
     """num_heads residual FFNs; head i maps h_t to a state the (frozen) LM head reads as token t+2+i."""
 
-    def __init__(self, c: HeadsConfig):
+    def __init__(self, c: BPDConfig):
         super().__init__()
         if not 1 <= c.num_heads <= 16:
             raise BlockdraftError(f"BPD needs 1..16 heads, got {c.num_heads}")
@@ -56,13 +56,13 @@ class HeadsModel(nn.Module):
         return torch.stack([head(h) for head in self.heads], dim=-2)
 
 
-class HeadsDrafter(LatticeDrafter):
+class BPDDrafter(LatticeDrafter):
     """Chain drafter: the top-1 token of every head (the lattice keeps the top-k for refiners)."""
 
     name = "bpd"
-    kind = "heads"
+    kind = "bpd"  # its checkpoints' kind (drafters/checkpoint.py; "heads" before, still loads)
 
-    def __init__(self, model: HeadsModel, lm_head: FrozenLMHead, top_k: int = 8, num_heads: int | None = None,
+    def __init__(self, model: BPDModel, lm_head: FrozenLMHead, top_k: int = 8, num_heads: int | None = None,
                  embed: torch.Tensor | None = None):
         self.model = model.eval()
         self.embed = embed  # the target's input embeddings: what a parent-conditioned (Hydra-like) module reads
@@ -76,11 +76,11 @@ class HeadsDrafter(LatticeDrafter):
         self.last_lattice: DraftLattice | None = None  # for analysis
 
     @classmethod
-    def from_pretrained(cls, folder, target, **kw) -> "HeadsDrafter":
+    def from_pretrained(cls, folder, target, **kw) -> "BPDDrafter":
         config, state = load_checkpoint(folder, cls.kind, target)
         vocab = state.pop("draft_vocab", None)
-        cfg = HeadsConfig(**{k: v for k, v in config.items() if k in HeadsConfig.__dataclass_fields__})
-        model = HeadsModel(cfg)
+        cfg = BPDConfig(**{k: v for k, v in config.items() if k in BPDConfig.__dataclass_fields__})
+        model = BPDModel(cfg)
         load_weights(model, state, folder, target)  # in the target's dtype, on its device
         head = FrozenLMHead(target.model.get_output_embeddings().weight, vocab)
         return cls(model, head, embed=target.model.get_input_embeddings().weight.detach(), **kw)

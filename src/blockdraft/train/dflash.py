@@ -1,22 +1,30 @@
-"""Training the one-shot block drafter: many anchor blocks per sequence in one pass, distilled from the target."""
+"""Training the DFlash drafter: many anchor blocks per sequence in one pass, distilled from the target."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ..drafters.block import BlockConfig, BlockDrafter, BlockModel
+from ..drafters.dflash import DFlashDrafter
+from ..drafters.dflash_model import DFlashConfig, DFlashModel
+from ..drafters.dflash_styles import OLD_STYLES, STYLES, style_name
 from ..drafters.layers import FrozenLMHead
 from ..errors import BlockdraftError
-from .common import (DEFAULT_DRAFT_VOCAB, DraftMetrics, Teacher, Trainer, depth_weights, distill_loss, draft_vocabulary,
-                     for_training, grow_vocabulary, mixed_precision)
+from .distill import Teacher, depth_weights, distill_loss
 from .features import FeatureStore
+from .metrics import DraftMetrics
+from .precision import for_training, mixed_precision
+from .trainer import Trainer
+from .vocab import DEFAULT_DRAFT_VOCAB, draft_vocabulary, grow_vocabulary
 
 
 @dataclass
-class BlockTrainConfig:
+class DFlashTrainConfig:
+    styles: ClassVar[tuple[str, ...]] = tuple(STYLES)  # --style
+    old_styles: ClassVar[dict[str, str]] = OLD_STYLES  # the names they had before, still accepted
     num_layers: int = 2
     gamma: int = 8
     draft_vocab: int | None = None  # None: 8192 for a new run, the checkpoint's with --init (which may grow it)
@@ -29,9 +37,9 @@ class BlockTrainConfig:
     init_from_target: bool = False
     zero_init: bool = False
     seed: int = 0
-    style: str = "blockdraft"  # drafters.block.BLOCK_STYLES; "dflash" is the one vLLM can load
-    mask_token_id: int | None = None  # style "dflash" (default: default_mask_token)
-    init: str | None = None  # start from this block drafter (its architecture, layers, statistics, vocabulary)
+    style: str = "seeded"  # drafters.dflash_styles.STYLES; "vllm" is the one vLLM can load
+    mask_token_id: int | None = None  # style "vllm" (default: default_mask_token)
+    init: str | None = None  # start from this DFlash drafter (its architecture, layers, statistics, vocabulary)
 
 
 def default_mask_token(target) -> int:
@@ -68,12 +76,12 @@ def block_batch(store: FeatureStore, a: int, b: int, cols: np.ndarray, gamma: in
     return feats, roots, pos, allowed, rows + a, torch.from_numpy(valid)
 
 
-def block_forward(model: BlockModel, embed: torch.Tensor, lm_head: FrozenLMHead, feats, roots, pos, allowed):
+def block_forward(model: DFlashModel, embed: torch.Tensor, lm_head: FrozenLMHead, feats, roots, pos, allowed):
     """Logits [A, gamma-1, V'] of every anchor block of one sequence."""
     return lm_head(block_hidden(model, embed, feats, roots, pos, allowed))
 
 
-def block_hidden(model: BlockModel, embed: torch.Tensor, feats, roots, pos, allowed):
+def block_hidden(model: DFlashModel, embed: torch.Tensor, feats, roots, pos, allowed):
     """Final states [A, gamma-1, H] of the drafted positions of every anchor block of one sequence."""
     g = pos.shape[1]
     ctx_h = model.project(feats)
@@ -99,20 +107,19 @@ def pick_anchors(store: FeatureStore, a: int, b: int, k: int, rng: np.random.Gen
     return np.sort(rng.choice(cand, size=min(k, len(cand)), replace=False))
 
 
-def new_block_drafter(target, store: FeatureStore, cfg: BlockTrainConfig):
-    """(drafter, model, its config, feature layers) for a fresh block drafter on `store`'s layers."""
-    layers = tuple(store.layers)  # spaced layers for the context, then the final normed state
-    dflash = cfg.style == "dflash"
-    if dflash:  # vLLM hands a drafter residual-stream states only, never the final normed one
-        layers = tuple(lay for lay in layers if lay < target.num_layers)
-        if not layers:
-            raise BlockdraftError(f"the feature store {store.path} has no layer below the final one ({store.layers})")
+def new_dflash_drafter(target, store: FeatureStore, cfg: DFlashTrainConfig):
+    """(drafter, model, its config, feature layers) for a fresh DFlash drafter on `store`'s layers."""
+    style = STYLES[style_name(cfg.style)]
+    # spaced layers for the context, then the final normed state (which the "vllm" style leaves out)
+    layers = style.context_layers(tuple(store.layers), target.num_layers)
+    if not layers:
+        raise BlockdraftError(f"the feature store {store.path} has no layer below the final one ({store.layers})")
+    final = style.final_state and layers[-1] == target.num_layers  # then added to every block input
     mask_id = default_mask_token(target) if cfg.mask_token_id is None else cfg.mask_token_id
-    model_cfg = BlockConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma,
-                                       final_state_residual=not dflash and layers[-1] == target.num_layers,
-                                       zero_init=cfg.zero_init and not dflash and layers[-1] == target.num_layers,
-                                       style=cfg.style, mask_token_id=mask_id)
-    model = BlockModel(model_cfg)
+    model_cfg = DFlashConfig.for_target(target, layers, num_layers=cfg.num_layers, gamma=cfg.gamma,
+                                        final_state_residual=final, zero_init=cfg.zero_init and final,
+                                        style=style.name, mask_token_id=mask_id)
+    model = DFlashModel(model_cfg)
     if cfg.init_from_target:
         model.init_from_target(target.model)
     sample = store.feature_sample(store.layer_slice(layers))
@@ -120,16 +127,16 @@ def new_block_drafter(target, store: FeatureStore, cfg: BlockTrainConfig):
     model.float().to(target.device)  # float32 weights; forward passes autocast to a bf16 target's dtype
     vocab = draft_vocabulary(store, DEFAULT_DRAFT_VOCAB if cfg.draft_vocab is None else cfg.draft_vocab,
                              sorted(target.eos_token_ids))
-    drafter = for_training(BlockDrafter.for_target(model, target, vocab))
+    drafter = for_training(DFlashDrafter.for_target(model, target, vocab))
     return drafter, model, model_cfg, layers
 
 
-def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: BlockTrainConfig,
-                resume: bool = False) -> BlockDrafter:
+def train_dflash(target, store: FeatureStore, valid: FeatureStore | None, out, cfg: DFlashTrainConfig,
+                 resume: bool = False) -> DFlashDrafter:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     if cfg.init:
-        drafter = for_training(BlockDrafter.from_pretrained(cfg.init, target))
+        drafter = for_training(DFlashDrafter.from_pretrained(cfg.init, target))
         model, model_cfg = drafter.model, drafter.model.config
         earlier, layers, cfg.gamma = model_cfg.training, tuple(model_cfg.feature_layers), model_cfg.gamma
         grow_vocabulary(drafter, target, store, cfg.draft_vocab)
@@ -137,15 +144,15 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
             raise BlockdraftError(f"--init {cfg.init} reads target layers {layers}; the feature store {store.path} "
                                   f"holds {tuple(store.layers)}")
     else:
-        drafter, model, model_cfg, layers = new_block_drafter(target, store, cfg)
+        drafter, model, model_cfg, layers = new_dflash_drafter(target, store, cfg)
         earlier = None
     t2d = drafter.lm_head.target_to_draft(target.vocab_size)
     cols = store.layer_slice(layers)
     weights = depth_weights(cfg.gamma - 1, cfg.gamma)
     seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
     steps = int(cfg.epochs * len(seqs) / cfg.seqs_per_step)
-    evaluate = (lambda: evaluate_block(drafter, valid, cols, max_seqs=40)) if valid is not None else None
-    trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="block drafter",
+    evaluate = (lambda: evaluate_dflash(drafter, valid, cols, max_seqs=40)) if valid is not None else None
+    trainer = Trainer(model, out, cfg.lr, steps, cfg.max_minutes, resume=resume, desc="DFlash drafter",
                       evaluate=evaluate, stop_at_step=cfg.stop_at_step)
     model.train()
     if not trainer.should_stop():
@@ -175,7 +182,7 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
     if cfg.init:
         model_cfg.training["init_training"] = earlier
     if valid is not None:
-        metrics = evaluate_block(drafter, valid, cols)
+        metrics = evaluate_dflash(drafter, valid, cols)
         model_cfg.training.update(valid_accuracy=[round(x, 4) for x in metrics.accuracy],
                                   valid_tau_tf=round(metrics.tau, 3))
         print(metrics.summary())
@@ -184,7 +191,7 @@ def train_block(target, store: FeatureStore, valid: FeatureStore | None, out, cf
 
 
 @torch.inference_mode()
-def evaluate_block(drafter: BlockDrafter, store: FeatureStore, cols: np.ndarray, anchors_per_seq: int = 16,
+def evaluate_dflash(drafter: DFlashDrafter, store: FeatureStore, cols: np.ndarray, anchors_per_seq: int = 16,
                    seed: int = 1, max_seqs: int | None = None) -> DraftMetrics:
     """Teacher-forced agreement with the target on a held-out store (fixed anchors, so runs compare)."""
     rng = np.random.default_rng(seed)
@@ -200,3 +207,6 @@ def evaluate_block(drafter: BlockDrafter, store: FeatureStore, cols: np.ndarray,
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
         metrics.add(draft, teacher_top1.view(rows.shape), ok)
     return metrics
+
+
+TRAINING = (DFlashTrainConfig, train_dflash)  # `blockdraft train --drafter dflash`: its options, its run
