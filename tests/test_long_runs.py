@@ -85,7 +85,7 @@ def test_cli_resume_reuses_the_store_and_the_arguments(tiny_model_dir, tmp_path,
         loaded.append(forward_counter(target))
         return target
 
-    monkeypatch.setattr(cli, "_load_target", load)
+    monkeypatch.setattr(cli, "load_target", load)
     out = tmp_path / "run"
     args = ["train", "--target", str(tiny_model_dir), "--drafter", "bpd", "--data", str(tmp_path / "data.json"),
             "--max-tokens", "3000", "--valid-tokens", "300", "--num-heads", "2", "--inner-size", "24",
