@@ -90,6 +90,7 @@ class TreeFlashDrafter(Drafter):
 
     name = "treeflash"
     kind = "arapprox"
+    wraps = ("base",)
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
                  children: int = 8, cost_curve: CostCurve | dict[int, float] | None = None, sample: bool = False,
