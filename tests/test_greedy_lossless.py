@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from blockdraft import NoDrafter, PromptLookupDrafter, SpeculativeDecoder, Target
+from blockdraft import NoDrafter, PromptLookupDrafter, SpeculativeDecoder, Target, methods
+from blockdraft.methods import METHODS, make_drafter
 
 from conftest import tiny_llama
 from drafters_for_tests import KnownAcceptanceDrafter, RandomTreeDrafter
@@ -49,6 +50,21 @@ def test_tree_drafter_actually_accepts_multiple_tokens():
     res = SpeculativeDecoder(target, RandomTreeDrafter(24, 16, favour=ref)).generate(prompt, 30)
     assert res.tokens == ref
     assert res.stats.tau > 1.0 and max(res.stats.accepted_hist) >= 2
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "ar"])
+def test_every_method_in_float32_equals_ar_and_gets_drafts_accepted(tiny, checkpoints, monkeypatch, method):
+    """Every method, as shipped (its tiny checkpoints trained on the target's own replies, conftest.checkpoints),
+    gives greedy output identical to `ar` in float32; and not vacuously: its drafts are verified and accepted
+    (tau > 1 on each prompt)."""
+    monkeypatch.setattr(methods, "CHECKPOINTS", checkpoints)  # every method loads by its bare name
+    for text in ("tell me more now\n", "tell me more now\ngkfngk"):  # a question, and one answered in part
+        prompt = tiny.encode(text, chat_template=False)
+        ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 32)
+        res = SpeculativeDecoder(tiny, make_drafter(method, tiny)).generate(prompt, 32)
+        assert res.tokens == ar.tokens
+        assert res.stats.tree_nodes > res.stats.target_calls  # drafts were verified, not only roots
+        assert res.stats.tau > 1, (text, res.stats.accepted_hist)  # and some were accepted
 
 
 def test_tau_and_acceptance_histogram_match_a_hand_count():

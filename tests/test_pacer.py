@@ -1,7 +1,5 @@
 """The pacer: plain one-token steps while drafting is measured not to pay; the output never changes."""
 
-import time
-
 import pytest
 
 from blockdraft import SpeculativeDecoder, methods
@@ -54,11 +52,11 @@ def test_it_switches_when_a_growing_context_makes_drafting_lose():
 
 
 class SlowLookup(Drafter):
-    """Prompt lookup that takes 30 ms per proposal: on a tiny target, far slower than a one-token step."""
+    """Prompt lookup that takes 30 ms per proposal (on `clock`): far slower than a one-token step of 1 ms."""
 
-    def __init__(self, target):
+    def __init__(self, target, clock):
         self.inner = make_drafter("lookup", target)
-        self.name, self.observed = "slow-lookup", 0
+        self.name, self.observed, self.clock = "slow-lookup", 0, clock
 
     def reset(self, prompt_ids):
         self.inner.reset(prompt_ids)
@@ -67,20 +65,32 @@ class SlowLookup(Drafter):
         self.observed += 1
 
     def propose(self, ctx):
-        time.sleep(0.03)
+        self.clock.advance(0.03)
         return self.inner.propose(ctx)
 
 
-def test_a_slow_drafter_is_paced_to_plain_steps_with_the_same_output(tiny):
+def test_a_slow_drafter_is_paced_to_plain_steps_with_the_same_output(tiny, virtual_clock, monkeypatch):
+    """The decoder's own step timing drives the pacer, on a virtual clock: every verification pass takes 1 ms
+    and every proposal 30 ms, whatever this machine's speed or load."""
+    virtual_clock.install(monkeypatch, decoder_module)
+    verify = tiny.verify
+
+    def one_ms_verify(tree):
+        virtual_clock.advance(0.001)
+        return verify(tree)
+
+    monkeypatch.setattr(tiny, "verify", one_ms_verify)
     prompt = tiny.encode("abcab abcab abc", chat_template=False)
     ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, TOKENS)
-    drafter = SlowLookup(tiny)
+    drafter = SlowLookup(tiny, virtual_clock)
     paced = SpeculativeDecoder(tiny, drafter, pace=True).generate(prompt, TOKENS)
     assert paced.tokens == ar.tokens
     assert paced.stats.plain_steps >= 0.6 * paced.stats.target_calls
     assert drafter.observed == paced.stats.plain_steps  # every plain step showed the drafter its context
-    unpaced = SpeculativeDecoder(tiny, SlowLookup(tiny), pace=False).generate(prompt, TOKENS)
+    unpaced = SpeculativeDecoder(tiny, SlowLookup(tiny, virtual_clock), pace=False).generate(prompt, TOKENS)
     assert unpaced.tokens == ar.tokens and unpaced.stats.plain_steps == 0
+    fast = SpeculativeDecoder(tiny, make_drafter("lookup", tiny), pace=True).generate(prompt, TOKENS)
+    assert fast.tokens == ar.tokens and fast.stats.plain_steps <= 2  # a drafter that costs nothing keeps drafting
 
 
 class Alternating(Pacer):
@@ -95,12 +105,15 @@ def test_every_method_stays_lossless_through_plain_steps(tiny, checkpoints, monk
     monkeypatch.setattr(methods, "CHECKPOINTS", checkpoints)
     monkeypatch.setattr(decoder_module, "Pacer", Alternating)
     drafter = make_drafter(method, tiny)
+    accepted = 0
     for text in ("tell me more now\n", "abcab abcab abc"):
         prompt = tiny.encode(text, chat_template=False)
         ar = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, TOKENS)
         paced = SpeculativeDecoder(tiny, drafter, pace=True).generate(prompt, TOKENS)
         assert paced.tokens == ar.tokens
         assert 0 < paced.stats.plain_steps < paced.stats.target_calls
+        accepted += sum(k * n for k, n in paced.stats.accepted_hist.items())
+    assert accepted > 0  # the drafted steps between plain ones got drafts accepted
 
 
 def test_a_method_specs_pace_option_goes_to_the_decoder_not_the_drafter(tiny):

@@ -131,21 +131,27 @@ def test_cost_curve_cache_is_keyed_by_target_dtype_device_threads_and_processor(
     assert budget.cost_curve(target(dtype=torch.bfloat16)) == curves[0] and len(measured) == 6  # reused
 
 
-def test_measured_cost_curve_never_falls_below_a_smaller_tree(tiny_target, monkeypatch):
-    """Noise from another process must not make a big tree look cheaper than one token."""
+@pytest.mark.parametrize("costs", [{1: 1.0, 2: 1.2, 5: 1.5, 17: 2.0},  # ms per pass of a tree of n nodes
+                                   {1: 1.0, 2: 1.5, 5: 1.2, 17: 2.0}])  # 4 drafts measured cheaper than 1
+def test_measured_cost_curve_takes_each_sizes_fastest_run_and_never_falls(tiny_target, virtual_clock, monkeypatch,
+                                                                          costs):
+    """On a virtual clock (measure_cost_at reads its `time`): verifying a tree of n nodes takes costs[n] ms, and
+    every 3rd pass 10 ms more, as a burst of load would. Each size's fastest run is its cost, whatever the bursts
+    hit, and a bigger tree never costs less than a smaller one."""
+    from conftest import MEASURE_COST_AT  # the real measurement (the session's curves are modelled)
+
+    virtual_clock.install(monkeypatch, budget)
     real_verify, calls = tiny_target.verify, []
 
-    def noisy_verify(tree):  # every 3rd call is slowed down, as a burst of load would
+    def timed_verify(tree):
         calls.append(len(tree))
-        if len(calls) % 3 == 0:
-            import time
-            time.sleep(0.01)
+        virtual_clock.advance((costs[len(tree)] + (10.0 if len(calls) % 3 == 0 else 0.0)) / 1000)
         return real_verify(tree)
 
-    monkeypatch.setattr(tiny_target, "verify", noisy_verify)
-    curve = budget.measure_cost_at(tiny_target, sizes=(0, 1, 4, 16), reps=5)
-    values = [curve[b] for b in sorted(curve)]
-    assert curve[0] == 1.0 and values == sorted(values)
+    monkeypatch.setattr(tiny_target, "verify", timed_verify)
+    curve = MEASURE_COST_AT(tiny_target, sizes=(0, 1, 4, 16), reps=5)
+    running_max = {b: max(costs[c + 1] for c in (0, 1, 4, 16) if c <= b) for b in (0, 1, 4, 16)}
+    assert curve == pytest.approx(running_max)
     assert len(set(calls[:4])) == 4  # sizes are timed in turns, not one after another
 
 

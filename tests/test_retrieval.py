@@ -217,19 +217,41 @@ def test_gate_runs_the_learned_drafter_only_where_its_gain_pays_for_its_time():
     assert gate.should_run(3.0)
 
 
-def test_gate_learns_that_a_useless_learned_drafter_does_not_pay_and_stays_lossless(tiny):
-    """A random (untrained) treeflash never gets a token accepted that retrieval did not propose: after a few
-    steps the gate runs it only to explore, and the output is still the target's own. (160 tokens, ~33 steps:
-    over 64 tokens, 12 steps, the gate's prior and first timings decided too much, and it ran the drafter in
-    2-6 of them from run to run; here 4-8 of ~33.)"""
+@pytest.mark.parametrize("learned_ms,runs", [(None, "every step"), (0, "every step"), (9, "under half")])
+def test_gate_runs_the_learned_drafter_by_its_measured_time_and_stays_lossless(tiny, virtual_clock, monkeypatch,
+                                                                                learned_ms, runs):
+    """The hybrid times the learned drafter and its steps itself, here on a virtual clock: every verification pass
+    takes 10 ms and every learned proposal `learned_ms`, whatever this machine's speed or load. One that costs
+    nothing always pays; one that costs 9 ms, nearly a step's worth, must add about a token per step beyond what
+    retrieval finds, and the gate soon runs it only where retrieval is weak or to explore (None: no gate, it runs
+    every step). The output is the target's own either way."""
+    from blockdraft.drafters import hybrid as hybrid_module
+
+    virtual_clock.install(monkeypatch, hybrid_module)
     prompt = tiny.encode("the cat sat on the mat and the dog sat on the log", chat_template=False)
-    ref = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 160).tokens
-    gated = make_drafter("hybrid:sources=suffix,treeflash:skip=1e9", tiny)
-    assert SpeculativeDecoder(tiny, gated).generate(prompt, 160).tokens == ref
-    always = make_drafter("hybrid:sources=suffix,treeflash:skip=1e9:gate=false", tiny)
-    assert SpeculativeDecoder(tiny, always).generate(prompt, 160).tokens == ref
-    assert always.learned_runs == always.steps
-    assert gated.learned_runs < 0.5 * gated.steps, (gated.learned_runs, gated.steps)
+    ref = SpeculativeDecoder(tiny, make_drafter("ar", tiny)).generate(prompt, 64).tokens
+    verify = tiny.verify
+
+    def ten_ms_verify(tree):
+        virtual_clock.advance(0.010)
+        return verify(tree)
+
+    monkeypatch.setattr(tiny, "verify", ten_ms_verify)
+    drafter = make_drafter(f"hybrid:sources=suffix,treeflash:skip=1e9:gate={str(learned_ms is not None).lower()}", tiny)
+    learned = drafter.learned[1]
+    scored_tree = learned.scored_tree
+
+    def timed_scored_tree(ctx):
+        virtual_clock.advance((learned_ms or 0) / 1000)
+        return scored_tree(ctx)
+
+    monkeypatch.setattr(learned, "scored_tree", timed_scored_tree)
+    assert SpeculativeDecoder(tiny, drafter).generate(prompt, 64).tokens == ref
+    if runs == "every step":
+        assert drafter.learned_runs == drafter.steps
+    else:
+        assert drafter.learned_runs < 0.5 * drafter.steps, (drafter.learned_runs, drafter.steps)
+        assert drafter.gate.learned_s == pytest.approx(learned_ms / 1000)  # as measured on the virtual clock
 
 
 def test_bad_hybrid_options_are_refused(tiny):
