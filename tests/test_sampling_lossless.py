@@ -180,14 +180,16 @@ def loop_target():
     torch.set_num_threads(threads)
 
 
-def exact_joint(model, params, length: int) -> dict:
-    """P(first `length` tokens after PROMPT) for every sequence, by plain sequential forwards."""
+def exact_joint(model, params, length: int, prompt: list[int] = PROMPT) -> dict:
+    """P(first `length` tokens after `prompt`) for every sequence the sampling parameters allow, by plain
+    sequential forwards (sequences of probability zero are left out: a sample on one fails `chi_square_p`)."""
     joint = {(): 1.0}
     with torch.no_grad():
         for _ in range(length):
             prefixes = list(joint)
-            p = params.probs(model(torch.tensor([PROMPT + list(k) for k in prefixes])).logits[:, -1])
-            joint = {k + (t,): joint[k] * float(p[i, t]) for i, k in enumerate(prefixes) for t in range(V)}
+            p = params.probs(model(torch.tensor([prompt + list(k) for k in prefixes])).logits[:, -1])
+            joint = {k + (t,): joint[k] * float(p[i, t]) for i, k in enumerate(prefixes)
+                     for t in range(p.shape[-1]) if p[i, t] > 0}
     return joint
 
 
@@ -200,17 +202,18 @@ def loop_drafter(joint: dict, seed: int) -> SampledTreeDrafter:
     return SampledTreeDrafter(q, widths=(2, 2, 1), seed=seed)
 
 
-def loop_samples(target, acceptor, drafter, n: int):
-    """n seeded generations. Every step that emits a scored token may verify a full depth-3 tree
-    (SCORED + DEPTH new tokens); returns the counts of the scored prefixes and the steps' sizes."""
+def loop_samples(target, acceptor, drafter, n: int, prompt: list[int] = PROMPT, scored: int = SCORED,
+                 depth: int = DEPTH):
+    """n seeded generations. Every step that emits a scored token may verify a full depth-`depth` tree
+    (scored + depth new tokens); returns the counts of the scored prefixes and the steps' sizes."""
     dec = SpeculativeDecoder(target, drafter, acceptor.params, acceptor)
     counts, steps = Counter(), []
     for seed in range(n):
         chunks = []
-        res = dec.generate(PROMPT, max_new_tokens=SCORED + DEPTH, seed=seed, on_tokens=chunks.append)
-        counts[tuple(res.tokens[:SCORED])] += 1
+        res = dec.generate(prompt, max_new_tokens=scored + depth, seed=seed, on_tokens=chunks.append)
+        counts[tuple(res.tokens[:scored])] += 1
         lengths = [len(c) for c in chunks]
-        last = next(i for i, total in enumerate(itertools.accumulate(lengths)) if total >= SCORED)
+        last = next(i for i, total in enumerate(itertools.accumulate(lengths)) if total >= scored)
         steps.append(lengths[: last + 1])  # the steps that emitted the scored tokens
     return counts, steps
 
