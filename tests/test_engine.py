@@ -35,23 +35,31 @@ def pair(model, layers=(0, 1, 2)):
 
 
 FAMILIES = ["qwen3", "gemma", "gemma2", "gemma3-text", "mistral-sliding", "qwen2-sliding"]  # tiny_architectures
+MAKERS = {"llama": lambda: tiny_llama(vocab_size=40, logit_scale=4.0), "qwen2": tiny_qwen2,
+          **{name: lambda name=name: tiny_model(name, 40) for name in FAMILIES}}
+WINDOWED = {"gemma2", "gemma3-text", "mistral-sliding", "qwen2-sliding"}  # a sliding window on some layer
 
 
-@pytest.mark.parametrize("make", [lambda: tiny_llama(vocab_size=40, logit_scale=4.0), tiny_qwen2]
-                         + [lambda name=name: tiny_model(name, 40) for name in FAMILIES],
-                         ids=["llama", "qwen2"] + FAMILIES)
-def test_static_engine_matches_transformers_through_trees_and_commits(make):
-    fast, ref = pair(make())
+@pytest.mark.parametrize("family", list(MAKERS))
+def test_static_engine_matches_transformers_through_trees_and_commits(family):
+    """Bitwise (torch.equal) through the prefill and every tree pass, in every family. A one-token step runs its
+    attention without a mask unless a layer has a sliding window: another SDPA kernel than transformers' masked
+    call, so there (llama, qwen2, qwen3, gemma) logits and features agree to 1e-5, not bit for bit (measured: up
+    to 8e-5 absolute on gemma's features, 5e-7 on qwen2's; llama bitwise for some seeds only)."""
+    fast, ref = pair(MAKERS[family]())
     assert isinstance(fast.forwarder, static_engine.StaticEngine) and isinstance(ref.forwarder, HFForward)
     prompt = list(range(3, 30))
-    torch.testing.assert_close(fast.prefill(prompt), ref.prefill(prompt), rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.prefill(prompt), ref.prefill(prompt))
     steps = [(DraftTree.from_paths(5, [[6, 7, 8], [6, 9], [10, 11]]), [0, 4, 5]),  # a non-contiguous path
              (DraftTree.chain(12, [13, 14, 15]), [0, 1]),
              (DraftTree.root_only(16), [0])]
     for tree, path in steps:
         a, b = fast.verify(tree), ref.verify(tree)
-        torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(a.features, b.features, rtol=1e-5, atol=1e-5)
+        if len(tree) > 1 or family in WINDOWED:
+            assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+        else:
+            torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a.features, b.features, rtol=1e-5, atol=1e-5)
         fast.commit(path)
         ref.commit(path)
     assert fast.length == ref.length == len(prompt) + 3 + 2 + 1
@@ -64,7 +72,7 @@ def test_kv_buffer_grows_past_its_chunk_without_losing_the_prefix():
     ref.prefill(prompt)
     capacity = fast.forwarder.capacity
     tree = DraftTree.chain(5, [6, 7, 8, 9, 10])  # crosses the chunk boundary
-    torch.testing.assert_close(fast.verify(tree).logits, ref.verify(tree).logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.verify(tree).logits, ref.verify(tree).logits)
     assert fast.forwarder.capacity > capacity
 
 
@@ -108,7 +116,7 @@ def test_compiled_engine_matches_eager_through_trees_growth_and_commits_without_
     graphs_before = counters["stats"]["unique_graphs"]
     fast = Target(model, name="t", feature_layers=(0, 2), compile=True)
     eager = Target(model, name="t", feature_layers=(0, 2))
-    assert fast.compiled and not eager.compiled and fast.compile_seconds > 0
+    assert fast.compiled and not eager.compiled and isinstance(fast.compile_seconds, float)  # timed, not judged
     assert counters["stats"]["unique_graphs"] - graphs_before == 2  # one-token steps, and trees
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
     prompt = [(5 * i) % 37 + 3 for i in range(static_engine.CHUNK - 40)]
