@@ -247,3 +247,14 @@ def test_analysis_replays_the_real_run_and_bounds_it():
     assert len(row.entropy) == 3 and summarize([row])["overall"]["h_max"] == h_max(row.entropy)
     assert h_max([1.0, 2.0, 3.0, 2.5]) == 3 and h_max([2.0, 1.0]) == 1
     assert repetition([[5, 5, 5, 1], [1, 2, 3]]) == (pytest.approx(2 / 5), 2.0)
+
+
+def test_replay_ends_where_the_reply_ends_as_the_decoder_does():
+    """The decoder's last step drafts at most up to the reply's end and emits its bonus there: a drafter that knows
+    the 10-token reply, 3 deep, takes steps of 4, 4 and 2 tokens (replay counted an 11th past the end)."""
+    from blockdraft.bench.analyze import replay
+
+    reply = list(range(10, 20))
+    truth_at = lambda i: reply[i: i + 3]  # noqa: E731 (the tokens after root i)
+    assert replay(lambda i: [truth_at(i)], truth_at, len(reply)) == pytest.approx(10 / 3)
+    assert replay(lambda i: [[]], truth_at, len(reply)) == 1.0

@@ -76,7 +76,8 @@ def replay(drafts, truth_at, n_positions: int) -> float:
     """Block efficiency of a drafting rule: drafts(i) -> candidate paths at root index i."""
     i, steps, tokens = 0, 0, 0
     while i < n_positions:
-        n = accepted_length(drafts(i), truth_at(i))
+        # at most the drafts the decoder has room for: its last step drafts up to the end and emits the bonus there
+        n = min(accepted_length(drafts(i), truth_at(i)), n_positions - i - 1)
         steps += 1
         tokens += n + 1
         i += n + 1
