@@ -12,12 +12,22 @@ The suite is hermetic and clock-free:
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
 
 SESSION_CACHE = tempfile.mkdtemp(prefix="blockdraft-test-cache-")
 os.environ["BLOCKDRAFT_CACHE"] = SESSION_CACHE  # before blockdraft is imported: nothing can have read it yet
+_OWNER = os.getpid()
+
+
+def _remove_session_cache() -> None:
+    if os.getpid() == _OWNER:  # not from a forked child that exits
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+
+
+atexit.register(_remove_session_cache)  # also when conftest is imported outside pytest (a script, a REPL)
 
 import importlib.util  # noqa: E402
 import random  # noqa: E402
@@ -52,7 +62,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    _remove_session_cache()
 
 
 class VirtualClock:
