@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BlockdraftError
-from ..methods import METHODS, parse_method
+from ..methods import check_method as registered
 from ..verify import SamplingParams
 
 DEFAULT_MAX_TOKENS = 128  # as `blockdraft generate --max-new-tokens`; always capped by the context
@@ -93,12 +93,9 @@ def check_method(spec, default: str) -> str:
     if not isinstance(spec, str) or not spec.strip():
         raise APIError(400, "'method' must be a method name such as 'lookup'", param="method")
     try:
-        name, _ = parse_method(spec)
+        registered(spec)  # the registry's own check: a malformed spec or an unknown name, in one line
     except BlockdraftError as e:
         raise APIError(400, str(e), param="method", code="invalid_method") from None
-    if name not in METHODS:
-        raise APIError(400, f"unknown method '{name}': choose one of {', '.join(METHODS)}", param="method",
-                       code="invalid_method")
     return spec.strip()
 
 
