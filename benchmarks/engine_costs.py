@@ -1,11 +1,13 @@
 """Verification cost of the target, per engine and dtype: t(1) and t(k)/t(1), next to the bandwidth limit.
 
     python benchmarks/engine_costs.py [--threads 2] [--context 400] [--reps 15] [--engines hf,static,compiled]
+    python benchmarks/engine_costs.py --dtypes bfloat16 --engines static --weights full,int8,int4
 
-Every engine x dtype runs interleaved in one process (a round of each, repeated), so that the noise of
+Every engine x dtype x weights kind runs interleaved in one process (a round of each, repeated), so that the noise of
 a shared machine hits them alike; medians are printed as a markdown table. The bandwidth limit is the
-bytes of weight one step must read (every layer's matrices + the LM head) divided by the bandwidth the
-LM-head matmul reaches on this machine (the largest single read of a step, so its best case).
+bytes of weight one step must read (every layer's matrices + the LM head; with int8 / int4 weights the bytes of
+their planes and scales) divided by the bandwidth the LM-head matmul reaches on this machine (the largest single
+read of a step, so its best case).
 """
 
 import argparse
@@ -34,17 +36,23 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--engines", default="hf,static,compiled",
                     help="hf: transformers' forward; static: our engine, eager; compiled: our engine, torch.compile")
+    ap.add_argument("--weights", default="full", help="the target's weights: full, int8, int4 (comma-separated)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ids = [1000 + (7 * i) % 20000 for i in range(args.context)]
     targets = {}
     for name in args.dtypes.split(","):
-        base = Target.load("smollm2-135m", dtype=getattr(torch, name))
-        for engine in args.engines.split(","):
-            kind = "static" if engine == "compiled" else engine
-            t = Target(base.model, base.tokenizer, name=base.name, engine=kind, compile=engine == "compiled")
-            t.prefill(ids)
-            targets[(name, engine)] = t
+        for weights in args.weights.split(","):
+            base = Target.load("smollm2-135m", dtype=getattr(torch, name), weights=weights)
+            for engine in args.engines.split(","):
+                if weights != "full" and engine == "hf":
+                    continue  # quantized weights run in the static engine only
+                kind = "static" if engine == "compiled" else engine
+                t = base if (kind, engine) == ("static", "static") else Target(
+                    base.model, base.tokenizer, name=base.name, engine=kind, compile=engine == "compiled",
+                    weights=weights)
+                t.prefill(ids)
+                targets[(name, weights, engine)] = t
     trees = {k: DraftTree.chain(1999, list(range(2000, 1999 + k))) for k in KS}
     samples = {(key, k): [] for key in targets for k in KS}
     for rep in range(args.reps + 2):
@@ -55,26 +63,45 @@ def main() -> None:
                 if rep >= 2:  # the first rounds warm caches and allocators
                     samples[(key, k)].append(dt)
     print(f"\n{args.threads} threads, {args.context}-token context, median of {args.reps}\n")
-    print("| dtype | engine | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in KS[1:]) + " |")
-    print("|---|---|---|" + "---|" * (len(KS) - 1))
+    print("| dtype | weights | engine | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in KS[1:]) + " |")
+    print("|---|---|---|---|" + "---|" * (len(KS) - 1))
     for key in targets:
         med = {k: statistics.median(samples[(key, k)]) for k in KS}
-        print(f"| {key[0]} | {key[1]} | {med[1] * 1e3:.1f} | " + " | ".join(f"{med[k] / med[1]:.2f}" for k in KS[1:])
+        print(f"| {' | '.join(key)} | {med[1] * 1e3:.2f} | " + " | ".join(f"{med[k] / med[1]:.2f}" for k in KS[1:])
               + " |")
-    print("\n| dtype | weight bytes per step | LM-head matmul bandwidth | bandwidth-limit step |")
-    print("|---|---|---|---|")
+    print("\n| dtype | weights | weight bytes per step | LM-head matmul bandwidth | bandwidth-limit step |")
+    print("|---|---|---|---|---|")
     for name in args.dtypes.split(","):
-        model = next(t for key, t in targets.items() if key[0] == name).model
-        head = model.get_output_embeddings().weight
-        layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
-        step_bytes = layer_bytes + head.numel() * head.element_size()
+        full = Target.load("smollm2-135m", dtype=getattr(torch, name))
+        head = full.model.get_output_embeddings().weight
         x = torch.randn(1, head.shape[1], dtype=head.dtype)
         with torch.inference_mode():
             for _ in range(3):
                 torch.nn.functional.linear(x, head)
             t = statistics.median(timed(lambda: torch.nn.functional.linear(x, head)) for _ in range(15))
         bandwidth = head.numel() * head.element_size() / t
-        print(f"| {name} | {step_bytes / 1e6:.0f} MB | {bandwidth / 1e9:.1f} GB/s | {step_bytes / bandwidth * 1e3:.1f} ms |")
+        for weights in args.weights.split(","):
+            step_bytes = weight_bytes(next(t for key, t in targets.items() if key[:2] == (name, weights)))
+            print(f"| {name} | {weights} | {step_bytes / 1e6:.0f} MB | {bandwidth / 1e9:.1f} GB/s | "
+                  f"{step_bytes / bandwidth * 1e3:.1f} ms |")
+
+
+def weight_bytes(target) -> int:
+    """Bytes of weight a one-token step reads: every layer's matrices and the LM head (their planes and scales when
+    quantized), norms included; not the embedding (a step reads one row of it)."""
+    decoder = getattr(target.forwarder, "decoder", None)
+    if decoder is None or target.weights == "full":
+        model = target.model
+        head = model.get_output_embeddings().weight
+        return sum(p.numel() * p.element_size() for p in model.model.layers.parameters()) + head.nbytes
+    total = 0
+    for module in [*decoder.layers, decoder.lm_head]:
+        for t in [*module.parameters(), *module.buffers()]:
+            if t is None:
+                continue
+            total += t.nbytes
+    # a quantized Linear keeps its full weight too (for passes of many rows): a one-token step does not read it
+    return total - sum(m.weight.nbytes for m in decoder.modules() if getattr(m, "quantized", False))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from drafters_for_tests import RandomTreeDrafter
 VOCAB = 3 + len(CHARS)
 
 
-def make_target(layers=(), compile=False) -> Target:
+def make_target(layers=(), compile=False, weights="full") -> Target:
     return Target(tiny_llama(vocab_size=VOCAB, logit_scale=4.0), char_tokenizer(), name="tiny",
-                  feature_layers=layers, compile=compile)
+                  feature_layers=layers, compile=compile, weights=weights)
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -143,6 +143,18 @@ def test_every_sequence_of_a_continuous_batch_gets_its_batch_1_greedy_output(com
     seqs, sizes = run_requests(decoder)
     assert max(sizes) == 4 and decoder.forwards < sum(s.stats.target_calls for s in seqs.values())
     assert counters["stats"]["unique_graphs"] == graphs  # every batch size and tree size on the graphs made at load
+    assert_batch_1_outputs(seqs, reference)
+
+
+def test_a_continuous_batch_on_quantized_weights_gets_its_batch_1_greedy_output(monkeypatch):
+    """int4 weights, with calls of up to 8 rows on the planes' kernel (as in bf16) and larger ones on the full
+    weight: every request still gets the output it gets alone, which is the quantized target's plain greedy."""
+    from blockdraft.model import linear
+
+    monkeypatch.setitem(linear.PLANE_MAX_ROWS, (4, torch.float32), 8)
+    target, reference = make_target(weights="int4"), make_target(weights="int4")
+    seqs, sizes = run_requests(BatchDecoder(target, max_batch=4, max_rows=None))
+    assert max(sizes) == 4
     assert_batch_1_outputs(seqs, reference)
 
 

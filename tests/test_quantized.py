@@ -140,7 +140,7 @@ def test_sampled_chains_sample_the_target_distribution(loop_target, drafter, ok)
 def test_bad_options_and_targets_get_clear_errors():
     target = peaked_target()
     with pytest.raises(BlockdraftError, match="weights must be one of"):
-        make_drafter("quantized:weights=int4", target)
+        make_drafter("quantized:weights=int2", target)
     with pytest.raises(BlockdraftError, match="depth must be a positive integer"):
         make_drafter("quantized:depth=0", target)
     with pytest.raises(BlockdraftError, match="min_prob"):

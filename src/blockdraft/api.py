@@ -11,23 +11,26 @@ from .decoding import GenerationResult, SpeculativeDecoder
 from .errors import BlockdraftError
 from .methods import make_drafter
 from .model import DEFAULT_TARGET, Target, resolve_precision
+from .model.precision import resolve_weights
 from .verify import SamplingParams
 
 
 def load_target(name_or_path: str | None = DEFAULT_TARGET, dtype: str | torch.dtype = "auto",
-                device: str | torch.device = "auto", compile: bool = False) -> Target:
-    """Load a target once per process and (dtype, device, compile) (the first GGUF load converts and caches
-    it, ~20 s).
+                device: str | torch.device = "auto", compile: bool = False, weights: str = "auto") -> Target:
+    """Load a target once per process and (dtype, device, compile, weights) (the first GGUF load converts and
+    caches it, ~20 s).
 
-    dtype: auto | float32 | bfloat16 | float16; device: auto | cpu | cuda[:N] (see target.precision);
-    compile: compile the engine's decoding steps (~1.5 min at load, then ~20-35% faster steps)."""
+    dtype: auto | float32 | bfloat16 | float16; device: auto | cpu | cuda[:N] (see model/precision.py);
+    compile: compile the engine's decoding steps (~1.5 min at load, then ~20-35% faster steps);
+    weights: auto | full | int8 | int4 (the target's projections; model/linear.py)."""
     dtype, device = resolve_precision(dtype, device)
-    return _load_target(name_or_path or DEFAULT_TARGET, dtype, str(device), bool(compile))
+    weights = resolve_weights(weights, device)
+    return _load_target(name_or_path or DEFAULT_TARGET, dtype, str(device), bool(compile), weights)
 
 
 @lru_cache(maxsize=4)
-def _load_target(name_or_path: str, dtype: torch.dtype, device: str, compile: bool) -> Target:
-    return Target.load(name_or_path, dtype=dtype, device=device, compile=compile)
+def _load_target(name_or_path: str, dtype: torch.dtype, device: str, compile: bool, weights: str) -> Target:
+    return Target.load(name_or_path, dtype=dtype, device=device, compile=compile, weights=weights)
 
 
 def generate(
@@ -46,19 +49,23 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "auto",
+    weights: str = "auto",
     **method_options,
 ) -> GenerationResult:
     """Generate from a text prompt (or token ids) with a speculative method. Greedy by default.
 
-    `dtype`/`device` choose how a target given by name is loaded; a loaded `Target` keeps its own."""
+    `dtype`/`device`/`weights` choose how a target given by name is loaded; a loaded `Target` keeps its own."""
     params = SamplingParams(temperature, top_k, top_p)  # validates before anything is loaded
     if isinstance(target, Target):
         tgt = target
         if (dtype, device) != ("auto", "auto") and resolve_precision(dtype, device) != (tgt.dtype, tgt.device):
             raise BlockdraftError(f"the target is already loaded in {tgt.dtype} on {tgt.device}: "
                                   "pass dtype/device only with a target name")
+        if weights != "auto" and resolve_weights(weights, tgt.device) != tgt.weights:
+            raise BlockdraftError(f"the target is already loaded with {tgt.weights} weights: "
+                                  "pass weights only with a target name")
     else:
-        tgt = load_target(target, dtype, device)
+        tgt = load_target(target, dtype, device, weights=weights)
     drafter = make_drafter(method, tgt, **method_options)
     ids = tgt.encode(prompt, chat_template) if isinstance(prompt, str) else list(prompt)
     decoder = SpeculativeDecoder(tgt, drafter, params, acceptor, pace=pace)

@@ -411,6 +411,7 @@ def cmd_generate(args) -> int:
             + (f" ({s.plain_steps} plain: drafting did not pay)" if s.plain_steps else "") + f", tau {s.tau:.2f}, "
             f"{s.tokens_per_s:.1f} tokens/s, draft {s.draft_s:.2f}s verify {s.verify_s:.2f}s "
             f"prefill {s.prefill_s:.2f}s, stop: {s.stop_reason}; {dtype_name(target.dtype)} on {target.device}"
+            + (f", {target.weights} weights" if target.weights != "full" else "")
             + (f", compiled ({target.compile_seconds:.0f}s at load)" if target.compiled else ""),
             file=sys.stderr,
         )

@@ -35,6 +35,10 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
                    help="auto (default: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32), "
                         "float32 (bitwise-exact reference), bfloat16 or float16")
     p.add_argument("--device", default="auto", help="auto (default: cuda if available, else cpu), cpu, cuda or cuda:N")
+    p.add_argument("--weights", default="auto",
+                   help="the target's projection weights: auto (default: full), full (the --dtype copy), int8 or "
+                        "int4 (quantized; from a GGUF file, its own blocks where they convert exactly): every method "
+                        "is lossless against the target with these weights (docs/cli.md)")
 
 
 def add_compile_arg(p: argparse.ArgumentParser, default: bool) -> None:
@@ -48,7 +52,8 @@ def load_target(args):
     """The target in the --dtype and --device that run() resolved and checked before anything else."""
     from .api import load_target as load
 
-    return load(args.target, args.dtype, args.device, compile=getattr(args, "compile", False))
+    return load(args.target, args.dtype, args.device, compile=getattr(args, "compile", False),
+                weights=getattr(args, "weights", "auto"))
 
 
 def parse_and_run(parser: argparse.ArgumentParser, argv: list[str] | None, command) -> int:
@@ -68,10 +73,13 @@ def run(command, args) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
-        if hasattr(args, "dtype"):  # bad --dtype / --device values fail first, in one line
+        if hasattr(args, "dtype"):  # bad --dtype / --device / --weights values fail first, in one line
             from .model import resolve_precision
+            from .model.precision import resolve_weights
 
             args.dtype, args.device = resolve_precision(args.dtype, args.device)
+            if hasattr(args, "weights"):
+                args.weights = resolve_weights(args.weights, args.device)
         return command(args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)

@@ -31,20 +31,22 @@ import time
 import torch
 
 from ..errors import BlockdraftError
-from ..model.engine import Decoder, StaticEngine, _Linear, _Step, compiled_step
+from ..model.compiled import _Step, compiled_step
+from ..model.engine import Decoder, StaticEngine
+from ..model.linear import Linear
 from ..trees import DraftTree
 from ..trees.sampled import drafting_generator
 from ..verify.base import sample
 from .base import DraftContext, Drafter
 
-WEIGHTS = ("auto", "float16", "int8")
+WEIGHTS = ("auto", "float16", "int8", "int4")
 
 
 def lowered_decoder(model, weights: str) -> Decoder:
     """A copy of the static engine's decoder with every projection and the LM head in `weights`."""
     decoder = Decoder(model)
     for module in decoder.modules():
-        if isinstance(module, _Linear):
+        if isinstance(module, Linear):
             module.lower(weights)
     return decoder
 
@@ -52,8 +54,9 @@ def lowered_decoder(model, weights: str) -> Decoder:
 class QuantizedDrafter(Drafter):
     """Drafts up to `depth` tokens, one lowered step each, on the target's cache (see the module docstring).
 
-    weights: "float16", "int8", or "auto": float16 for a float32 target (its one-row matmuls on AVX2 ran as
-    fast as int8's and it is closer to the target), int8 for a bf16 or fp16 one.
+    weights: "float16", "int8", "int4" (planes, model/linear.py), or "auto": int4 for a target with int8 weights,
+    float16 for a float32 target (its one-row matmuls on AVX2 ran as fast as int8's and it is closer to the
+    target), int8 for a bf16 or fp16 one. A target with int4 weights has no cheaper copy: refused.
     """
 
     name = "quantized"
@@ -71,8 +74,11 @@ class QuantizedDrafter(Drafter):
             raise BlockdraftError(f"quantized: depth must be a positive integer, got {depth}")
         if not 0.0 <= float(min_prob) <= 1.0:
             raise BlockdraftError(f"quantized: min_prob must be in [0, 1], got {min_prob}")
+        if target.weights == "int4":
+            raise BlockdraftError("quantized: the target already runs int4 weights, and there is no cheaper copy to "
+                                  "draft with: choose another method, or load the target with --weights int8 or full")
         if weights == "auto":
-            weights = "float16" if target.dtype == torch.float32 else "int8"
+            weights = "int4" if target.weights == "int8" else "float16" if target.dtype == torch.float32 else "int8"
         try:
             decoder = lowered_decoder(target.model, weights)
         except ValueError as e:

@@ -14,7 +14,8 @@ import time
 import torch
 
 from ..errors import BlockdraftError
-from .engine import CHUNK, Rows, StaticEngine, compiled_step, in_order, window_mask
+from .compiled import compiled_step, in_order
+from .engine import CHUNK, Rows, StaticEngine, window_mask
 from .traits import rope_tables
 
 
@@ -35,7 +36,10 @@ class BatchEngine:
         self.cos = self.sin = None
         # A compiled engine compiles batched steps too (once, here, on throwaway sequences): graphs for
         # B >= 2 rows, one-token steps and trees. A step of one sequence runs on the engine's own graphs.
-        self.compiled = compiled_step(engine.decoder) if engine.compiled is not None else None
+        # quantized weights: eager (their compiled kernel needs a fixed row count, model/compiled.py, and a batch's
+        # rows vary with its size and trees)
+        quantized = engine.decoder.weights != "full"
+        self.compiled = compiled_step(engine.decoder) if engine.compiled is not None and not quantized else None
         self.compile_seconds = self._compile() if self.compiled is not None and slots > 1 else 0.0
 
     def _compile(self) -> float:

@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import packing
+from . import quantized_weights
+from .compiled import ROW_BUCKETS, compiled_step, in_order, row_bucket, static_rows_step
+from .linear import Linear
 from .traits import ACTIVATIONS, SUPPORTED_TYPES, Traits, norm_eps, norm_weight, rms_norm, rope_tables, softcap, \
     traits_of
 
 __all__ = ["SUPPORTED_TYPES", "StaticEngine", "Decoder", "supports"]
 CHUNK = 512  # KV capacity grows in steps of this many tokens
-RECOMPILE_LIMIT = 256  # compiled graphs kept per process (2 per compiled target, 2 more per batch engine)
 
 
 def supports(model) -> bool:
@@ -55,53 +56,16 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-class _Linear(nn.Module):
-    """y = x W^T + b for one or several projections of the same input concatenated (q|k|v, gate|up),
-    prepacked for oneDNN where that applies (model/packing.py), or lowered to float16 or int8 in a
-    drafting copy of the decoder (`lower`)."""
-
-    def __init__(self, linears):
-        super().__init__()
-        self.weight = nn.Parameter(torch.cat([m.weight for m in linears]).detach(), requires_grad=False)
-        biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
-        has_bias = any(m.bias is not None for m in linears)
-        self.bias = nn.Parameter(torch.cat(biases).detach(), requires_grad=False) if has_bias else None
-        self.packed = packing.pack(self.weight)
-        self.register_buffer("low", None)
-        self.register_buffer("scales", None)
-
-    def lower(self, weights: str) -> None:
-        """Keep only a float16 or int8 (per output channel) copy of the weight, for one-row calls that read
-        half or a quarter of the bytes. Buffers, not plain attributes: torch.compile then folds them in as
-        constants (as plain tensors they became graph inputs, and inductor's C++ failed on their sizes)."""
-        low = self.weight.detach().half() if weights == "float16" else packing.quantize(self.weight)
-        if low is None:
-            raise ValueError(f"no int8 kernel for {self.weight.dtype} weights on {self.weight.device}")
-        del self.weight
-        self.weight = self.packed = None
-        self.low, self.scales = (low, None) if weights == "float16" else low
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.low is not None:
-            if self.scales is not None:
-                return packing.int8_linear(x, (self.low, self.scales), self.bias)
-            y = F.linear(x.half(), self.low).to(x.dtype)
-            return y if self.bias is None else y + self.bias
-        if torch.compiler.is_compiling():  # inductor's freezing prepacks the (constant) weight itself
-            return F.linear(x, self.weight, self.bias)
-        return packing.linear(x, self.weight, self.bias, self.packed)
-
-
 class _Layer(nn.Module):
     """One decoder layer's weights, with q/k/v and gate/up concatenated into one matrix each."""
 
-    def __init__(self, layer, traits: Traits):
+    def __init__(self, layer, traits: Traits, linear):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = _Linear([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o = _Linear([attn.o_proj])
-        self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj])
-        self.down = _Linear([mlp.down_proj])
+        self.qkv = linear([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = linear([attn.o_proj])
+        self.gate_up = linear([mlp.gate_proj, mlp.up_proj])
+        self.down = linear([mlp.down_proj])
         # Llama's post_attention_layernorm is the MLP's input norm; Gemma 2/3's normalises the attention output
         # and pre_feedforward_layernorm is the MLP's input norm
         names = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
@@ -150,7 +114,10 @@ class Decoder(nn.Module):
     each, which on this CPU costs about what the largest block alone does), attention runs per block.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, weights: str = "full", planes: dict | None = None):
+        """weights: "full" (the model's own), or "int8" / "int4" (model/linear.py): each projection from its
+        entry in `planes` (nn.Linear -> quantized_weights.Planes: a GGUF file's own blocks) where there is one,
+        else quantized here."""
         super().__init__()
         config, inner = model.config, model.model
         self.traits = traits = traits_of(model)
@@ -159,10 +126,23 @@ class Decoder(nn.Module):
         self.embed = nn.Parameter(inner.embed_tokens.weight.detach(), requires_grad=False)
         self.register_buffer("embed_scale", None if traits.embed_scale is None else
                              torch.tensor(traits.embed_scale).to(self.embed.dtype))  # as Gemma: rounded to dtype
-        self.layers = nn.ModuleList(_Layer(layer, traits) for layer in inner.layers)
+        planes = planes or {}
+
+        def linear(linears):
+            if weights == "full":
+                return Linear(linears)
+            parts = [planes.get(m) or quantized_weights.quantize(m.weight, weights) for m in linears]
+            for m, part in zip(linears, parts, strict=True):
+                # the model itself becomes the quantized one (its weights the planes' values), so that what reads
+                # it -- transformers' forward, generate(), the bench's float32 tie check -- sees the same model
+                m.weight = nn.Parameter(part.dequantize(m.weight.dtype).to(m.weight.dtype), requires_grad=False)
+            return Linear(linears, quantized_weights.concat(parts))
+
+        self.weights = weights
+        self.layers = nn.ModuleList(_Layer(layer, traits, linear) for layer in inner.layers)
         self.norm = nn.Parameter(norm_weight(inner.norm, traits), requires_grad=False)
         self.norm_eps = norm_eps(inner.norm)
-        self.lm_head = _Linear([model.get_output_embeddings()])
+        self.lm_head = linear([model.get_output_embeddings()])
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -281,55 +261,6 @@ class Decoder(nn.Module):
         return a.transpose(1, 2).reshape(B * n, -1)
 
 
-def in_order(states: list[torch.Tensor], hidden_layers) -> list[torch.Tensor]:
-    """Decoder's hidden states (ascending layers) in the order `hidden_layers` asked for them."""
-    ascending = sorted(set(hidden_layers))
-    return [states[ascending.index(i)] for i in hidden_layers]
-
-
-class _Step(nn.Module):
-    """One sequence's decoding step (slot 0) on `decoder`, returning the hidden states of every layer."""
-
-    def __init__(self, decoder: Decoder):
-        super().__init__()
-        self.decoder = decoder
-        self.every_layer = frozenset(range(len(decoder.layers) + 1))
-
-    def forward(self, tokens, cos, sin, mask, keys, values, write_slot, write_pos, end, window_mask=None):
-        return self.decoder(tokens, cos, sin, mask, keys, values, write_slot, write_pos, 0, end, self.every_layer,
-                            window_mask=window_mask)
-
-
-def compiled_step(decoder: Decoder):
-    """One sequence's decoding step (any tree size, any context) through torch.compile.
-
-    Inductor fuses the ~30 small ops per layer that eager mode launches one by one, freezing prepacks the
-    weights (it applies to the parameters of the module compiled, hence a module, not a function), and
-    the C++ wrapper drops Python from the call path. dynamic=True: one graph for one-token steps and one
-    for every tree size and context length (measured as fast as per-size graphs here, so there are no
-    size buckets and no recompiles as a run goes on). The graph returns every layer's hidden state (it
-    computes them anyway), so drafters that read different layers share it; the set of layers is a
-    frozenset, since dynamo would turn the ints of a tuple symbolic. Freezing embeds the weights as
-    constants, which torch's on-disk graph cache does not take: each process compiles each graph once,
-    on its first call (~50 s for SmolLM2-135M on 2 cores).
-    """
-    step = torch.compile(_Step(decoder), dynamic=True)
-
-    def call(*args):
-        # inductor reads `freezing` outside the scope of torch.compile(options=...): patch it for the call
-        # that compiles (and the ones that may recompile); the patch costs microseconds. Every compiled
-        # engine's graphs hang on the one code object of _Step.forward, whose default limit (8) a process
-        # with several compiled targets (or batch engines) would reach, and then run eager, silently.
-        # No duck shapes: dynamo would otherwise give sizes that happen to be equal at the first call (a
-        # batch of 3 and 3 KV heads) one symbol, and recompile when they part.
-        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True), \
-                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
-                torch.fx.experimental._config.patch(use_duck_shape=False):
-            return step(*args)
-
-    return call
-
-
 class StaticEngine:
     """Forward passes of one sequence against a preallocated KV buffer.
 
@@ -345,8 +276,8 @@ class StaticEngine:
     throwaway sequence, and `compile_seconds` says how long that took.
     """
 
-    def __init__(self, model, compile: bool = False):
-        self.decoder = Decoder(model)
+    def __init__(self, model, compile: bool = False, weights: str = "full", planes: dict | None = None):
+        self.decoder = Decoder(model, weights, planes)
         self.embed = self.decoder.embed
         self.layers = self.decoder.layers
         self.heads, self.kv_heads, self.head_dim = self.decoder.heads, self.decoder.kv_heads, self.decoder.head_dim
@@ -356,7 +287,10 @@ class StaticEngine:
         self.values: list[torch.Tensor] = []
         self.cos = self.sin = None  # rotary tables [R, capacity, head_dim]; sin with its first half negated
         self.length = 0
-        self.compiled = compiled_step(self.decoder) if compile else None
+        # quantized weights compile one graph per row bucket (model/compiled.py), trees padded up to it
+        self.row_buckets = compile and any(getattr(m, "max_rows", 0) for m in self.decoder.modules())
+        step = static_rows_step if self.row_buckets else compiled_step
+        self.compiled = step(self.decoder) if compile else None
         self.compile_seconds = self._compile() if compile else 0.0
 
     def _compile(self) -> float:
@@ -368,7 +302,9 @@ class StaticEngine:
         tokens = torch.zeros(19, dtype=torch.long, device=device)
         self.forward(tokens[:11], torch.arange(11, device=device))
         self.forward(tokens[11:12], torch.tensor([11], device=device))
-        self.forward(tokens[12:19], torch.arange(12, 19, device=device))
+        for size in ROW_BUCKETS[1:] if self.row_buckets else (7,):
+            self.length = 12
+            self.forward(tokens.new_zeros(size), torch.arange(12, 12 + size, device=device))
         self.reset()
         return time.perf_counter() - t0
 
@@ -414,6 +350,12 @@ class StaticEngine:
         `output_hidden_states`: 0 = embeddings, i = output of layer i, num_layers = after the final norm).
         """
         n, start = tokens.shape[0], self.length
+        compiled = self.compiled is not None and start > 0 and not last_logits_only
+        if compiled and self.row_buckets:
+            bucket = row_bucket(n)
+            if bucket is not None and bucket > n:
+                return self._padded(tokens, positions, allowed, hidden_layers, bucket)
+            compiled = bucket == n  # past the largest bucket: eager
         end = start + n
         # one slot to spare: a pass that fills the buffer exactly would make the compiled graph's slice
         # [:end] the whole buffer, a case torch.compile guards on and would recompile for
@@ -430,7 +372,7 @@ class StaticEngine:
         windowed = self.window_mask(mask, causal, positions, start)
         slot = torch.zeros(n, dtype=torch.long, device=device)
         write = torch.arange(start, end, device=device)
-        if self.compiled is not None and start > 0 and not last_logits_only:
+        if compiled:
             # a copy, not a view: a view's offset into its base would be guarded on, and recompiled for
             logits, every_layer = self.compiled(tokens[None].clone(), cos, sin, mask, self.keys, self.values, slot,
                                                 write, end, windowed)
@@ -441,6 +383,18 @@ class StaticEngine:
             hidden = in_order(ascending, hidden_layers)
         self.length = end
         return logits[0], [h[0] for h in hidden]
+
+    def _padded(self, tokens, positions, allowed, hidden_layers, bucket: int):
+        """`forward` for n new tokens as a pass of `bucket` rows: the padding rows (token 0 at the last position)
+        see the prefix and themselves, no real row sees them, and their keys and values land past the real ones,
+        where the next pass overwrites them."""
+        n, pad, device = tokens.shape[0], bucket - tokens.shape[0], tokens.device
+        grown = torch.eye(bucket, dtype=torch.bool, device=device)
+        grown[:n, :n] = allowed if allowed is not None else torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+        logits, hidden = self.forward(torch.cat([tokens, tokens.new_zeros(pad)]),
+                                      torch.cat([positions, positions[-1:].expand(pad)]), grown, hidden_layers)
+        self.length -= pad
+        return logits[:n], [h[:n] for h in hidden]
 
     @torch.inference_mode()
     def draft_step(self, step, token: int, offset: int) -> torch.Tensor:

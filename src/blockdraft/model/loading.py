@@ -215,3 +215,40 @@ def load_model_and_tokenizer(source: TargetSource, dtype: torch.dtype = torch.fl
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BlockdraftError(f"could not load '{source.path}': {first}") from None
     return model, tokenizer
+
+
+PLANES_FILE = "planes.safetensors"  # a GGUF file's blocks as quantized planes, kept beside its converted folder
+
+
+def load_gguf_planes(model, gguf: Path) -> dict:
+    """nn.Linear -> quantized_weights.Planes for every projection whose GGUF blocks convert exactly
+    (model/gguf_weights.py); computed once (~15 s for SmolLM2-135M) and kept in the cache, nibbles packed."""
+    from safetensors.torch import load_file, save_file
+
+    from . import gguf_weights
+    from .quantized_weights import Planes
+
+    path = _gguf_cache_folder(gguf) / PLANES_FILE
+    if path.is_file():
+        flat = load_file(path)
+        names = {key.rsplit(".", 1)[0] for key in flat}
+        by_name = {}
+        for name in names:
+            packed = flat[f"{name}.q"]
+            q = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+            by_name[name] = Planes(q, flat[f"{name}.scale"], flat[f"{name}.zero"])
+    else:
+        try:
+            by_name, _ = gguf_weights.load_planes(model, gguf)
+        except ValueError as e:
+            raise BlockdraftError(f"{gguf.name}: its quantized blocks could not be used: {e}") from None
+        flat = {}
+        for name, p in by_name.items():
+            flat[f"{name}.q"] = (p.q[..., 0::2] | (p.q[..., 1::2] << 4)).contiguous()
+            flat[f"{name}.scale"], flat[f"{name}.zero"] = p.scale.contiguous(), p.zero.contiguous()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        save_file(flat, tmp)
+        tmp.replace(path)
+    modules = dict(model.named_modules())
+    return {modules[name]: p for name, p in by_name.items() if name in modules}

@@ -1,4 +1,4 @@
-"""Which dtype and device a target runs in: `auto` resolution, checked names, and the cache key they form."""
+"""Which dtype, device and weights a target runs in: `auto` resolution, checked names, and the cache key they form."""
 
 from __future__ import annotations
 
@@ -76,6 +76,28 @@ def resolve_precision(dtype="auto", device="auto") -> tuple[torch.dtype, torch.d
     return resolve_dtype(dtype, dev), dev
 
 
+WEIGHTS = ("auto", "full", "int8", "int4")
+
+
+def check_weights(spec: str | None) -> str:
+    """A --weights value, checked: auto, full, int8 or int4 (model/linear.py, model/quantized_weights.py)."""
+    name = (spec or "auto").strip().lower()
+    if name not in WEIGHTS:
+        raise BlockdraftError(f"unknown weights '{spec}': use one of {', '.join(WEIGHTS)}")
+    return name
+
+
+def resolve_weights(spec: str | None, device: torch.device) -> str:
+    """'auto' -> full (BENCHMARKS.md, "Quantized weights": on every CPU kind measured so far the full weights'
+    speculative methods are faster); int8 and int4 need the CPU kernel."""
+    name = check_weights(spec)
+    if name == "auto":
+        return "full"
+    if name != "full" and torch.device(device).type != "cpu":
+        raise BlockdraftError(f"--weights {name} runs on torch's CPU int4 kernel: use --device cpu or --weights full")
+    return name
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> 'bfloat16'."""
     return str(dtype).removeprefix("torch.")
@@ -97,10 +119,12 @@ def processor(device: torch.device) -> str:
 
 
 def cache_key(target, threads: int | None = None) -> str:
-    """What a measurement on this target depends on, as a file name: target, dtype, device, CPU threads,
+    """What a measurement on this target depends on, as a file name: target, dtype, weights, device, CPU threads,
     whether the engine is compiled, and the processor (a short hash of `processor`)."""
     threads = threads or torch.get_num_threads()
     device = str(target.device).replace(":", "")
     compiled = "-compiled" if getattr(target, "compiled", False) else ""
+    weights = getattr(target, "weights", "full")
+    weights = "" if weights == "full" else f"-{weights}"  # quantized passes have their own cost curve
     chip = hashlib.sha1(processor(torch.device(target.device)).encode()).hexdigest()[:8]
-    return f"{target.name}-{dtype_name(target.dtype)}-{device}-threads{threads}{compiled}-{chip}"
+    return f"{target.name}-{dtype_name(target.dtype)}{weights}-{device}-threads{threads}{compiled}-{chip}"

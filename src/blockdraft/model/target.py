@@ -10,8 +10,8 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from . import engine as static_engine
 from .hf_forward import HFForward
-from .loading import DEFAULT_TARGET, load_model_and_tokenizer, resolve_target
-from .precision import resolve_precision
+from .loading import DEFAULT_TARGET, load_gguf_planes, load_model_and_tokenizer, resolve_target
+from .precision import resolve_precision, resolve_weights
 
 
 @dataclass
@@ -22,15 +22,28 @@ class TargetOutput:
     features: torch.Tensor | None  # [n, F]: hidden states of the feature layers, concatenated
 
 
-def make_forwarder(model, engine: str = "auto", compile: bool = False):
+def make_forwarder(model, engine: str = "auto", compile: bool = False, weights: str = "full",
+                   planes: dict | None = None):
     """'static': the fast static-cache engine (Llama-family models); 'hf': transformers' forward;
     'auto': static where it supports the model, else hf. `compile` runs the static engine's steps through
-    torch.compile (model/engine.py); transformers' forward stays eager."""
+    torch.compile (model/engine.py); transformers' forward stays eager. `weights` int8 / int4 (with a GGUF
+    file's own `planes`, see model/gguf_weights.py) need the static engine."""
     if engine not in ("auto", "static", "hf"):
         raise BlockdraftError(f"unknown engine '{engine}': choose auto, static or hf")
     supported = engine != "hf" and static_engine.supports(model)
     if engine == "static" and not supported:
         raise BlockdraftError(f"the static engine does not support model type '{model.config.model_type}'")
+    if weights != "full":
+        if not supported:
+            raise BlockdraftError(
+                f"--weights {weights} runs in the static engine, and this target ('{model.config.model_type}') runs "
+                f"on transformers' forward{' (--engine hf)' if engine == 'hf' else ''}: use --weights full")
+        if model.device.type != "cpu":
+            raise BlockdraftError(f"--weights {weights} runs on torch's CPU int4 kernel: use --device cpu")
+        try:
+            return static_engine.StaticEngine(model, compile=compile, weights=weights, planes=planes)
+        except ValueError as e:
+            raise BlockdraftError(f"--weights {weights}: {e}") from None
     return static_engine.StaticEngine(model, compile=compile) if supported else HFForward(model)
 
 
@@ -48,11 +61,14 @@ class Target:
     `dtype` and `device` are the model's own: the one source of truth that drafters, rescorers
     and runners read to place their tensors (choose them with `Target.load(dtype=, device=)`).
     `compile=True` compiles the engine's decoding steps (~1.5 min once per process on 2 cores, then
-    ~20% faster steps; see model/engine.py); `compiled` and `compile_seconds` report it.
+    ~20% faster steps; see model/engine.py); `compiled` and `compile_seconds` report it. `weights`
+    ("full", "int8", "int4"; model/linear.py) is what the target's projections hold: with int8 or int4 the target
+    *is* the quantized model, and every method is lossless against it. `planes` (from a GGUF file's own blocks,
+    model/gguf_weights.py) gives their exact values; without it they are quantized from the model's weights.
     """
 
     def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = (),
-                 engine: str = "auto", compile: bool = False):
+                 engine: str = "auto", compile: bool = False, weights: str = "full", planes: dict | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or model.config.model_type
@@ -62,18 +78,22 @@ class Target:
         self.num_layers = model.config.num_hidden_layers
         self.max_length = getattr(model.config, "max_position_embeddings", None) or 2**31
         self.feature_layers = tuple(feature_layers)
-        self.forwarder = make_forwarder(model, engine, compile)
+        self.forwarder = make_forwarder(model, engine, compile, weights, planes)
+        self.weights = getattr(getattr(self.forwarder, "decoder", None), "weights", "full")
         self.length = 0  # tokens in the KV cache
 
     @classmethod
     def load(cls, name_or_path: str | None = None, dtype: str | torch.dtype = "auto",
-             device: str | torch.device = "auto", **kw) -> "Target":
+             device: str | torch.device = "auto", weights: str = "auto", **kw) -> "Target":
         """Load a target by name (default: smollm2-135m), model folder or GGUF file, in `dtype` on `device`
-        ('auto': see target.precision; float32 is the bitwise-exact reference)."""
+        ('auto': see model/precision.py; float32 is the bitwise-exact reference), with `weights` full, int8 or
+        int4 (from a GGUF file: its own quantized blocks where they have an exact form, model/gguf_weights.py)."""
         dtype, device = resolve_precision(dtype, device)  # bad names fail before the slow load
+        weights = resolve_weights(weights, device)
         source = resolve_target(name_or_path or DEFAULT_TARGET)
         model, tokenizer = load_model_and_tokenizer(source, dtype)
-        return cls(model.to(device), tokenizer, name=source.name, **kw)
+        planes = load_gguf_planes(model, source.path) if weights != "full" and source.is_gguf else None
+        return cls(model.to(device), tokenizer, name=source.name, weights=weights, planes=planes, **kw)
 
     @property
     def compiled(self) -> bool:

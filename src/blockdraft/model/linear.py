@@ -1,0 +1,96 @@
+"""The static engine's linear layer: fused projections, prepacked full weights, quantized planes, lowered copies.
+
+One `Linear` holds one or several projections of the same input concatenated (q|k|v, gate|up). Its weight is
+kept in one or two of these forms:
+
+- full: the target's dtype, prepacked for oneDNN where that applies (model/packing.py);
+- planes: 4-bit planes in groups of 32 (model/quantized_weights.py), when the target runs with int8 or int4
+  weights. aten's int4 kernel is a matrix-vector kernel: its time grows with every row (on the AMX Xeon, bf16, a
+  3072 x 576 matrix: 51 us for 1 row, 325 us for 16, 632 us for 32), while a full prepacked matmul costs about
+  the same for 1 and 32 rows. So calls of up to `max_rows` rows (one-token steps, small trees) read the planes,
+  and larger ones (prefills, large trees) the full weight *that the planes dequantize to*: the same model, bit
+  for bit in float32; in bf16 the kernel multiplies by (q - 8) * scale + zero with scale and zero in bf16, and
+  the full weight is those values rounded to bf16 (a divergence between the two is a numeric tie, measured as
+  every bf16 one is). In float32 and float16 the kernel is slow (PLANE_MAX_ROWS) and every call reads the full
+  weight;
+- lowered: a float16 or int8 copy in a drafting copy of the decoder (drafters/quantized.py), no full weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import packing
+from . import quantized_weights as qw
+
+# Calls of up to this many rows read the planes, larger ones the full weight: where the planes' kernel is the faster
+# (benchmarks/weight_kernels.py, BENCHMARKS.md "Quantized weights"; AMX Xeon, 2 threads, SmolLM2-135M's linears,
+# bf16: int4 6.6 ms for 1 row, 16.0 for 8, 28.7 for 16, full 17 ms flat; two-plane int8 12.0, 17.9 for 4). torch
+# 2.13's kernel has a fast path for bf16 activations only (float32: 125 ms for 1 row, float16 ~40x bf16): in those
+# dtypes every call reads the full weight, which in float32 is the planes' values exactly.
+PLANE_MAX_ROWS = {(4, torch.bfloat16): 8, (8, torch.bfloat16): 4}  # (bits a weight: 4 per plane, dtype)
+
+
+class Linear(nn.Module):
+    """y = x W^T + b for the projections `linears` concatenated (see the module docstring). `planes`: the
+    weight as quantized planes (their dequantized values replace the full weight)."""
+
+    def __init__(self, linears, planes: qw.Planes | None = None):
+        super().__init__()
+        weight = torch.cat([m.weight for m in linears]).detach()
+        self.out_features = weight.shape[0]
+        self.register_buffer("planes", None)
+        self.register_buffer("plane_scales", None)
+        self.max_rows = self.plane_count = 0
+        if planes is not None:
+            if tuple(planes.shape) != tuple(weight.shape):
+                raise ValueError(f"planes of shape {planes.shape} for a weight of shape {tuple(weight.shape)}")
+            self.planes, self.plane_scales = qw.pack(planes, weight.dtype)
+            self.plane_count = planes.q.shape[0]
+            # the values the kernel multiplies by (its scales rounded to the dtype), rounded to the dtype
+            weight = planes.dequantize(weight.dtype).to(weight.dtype)
+            self.max_rows = PLANE_MAX_ROWS.get((4 * planes.q.shape[0], weight.dtype), 0)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
+        has_bias = any(m.bias is not None for m in linears)
+        self.bias = nn.Parameter(torch.cat(biases).detach(), requires_grad=False) if has_bias else None
+        self.packed = packing.pack(self.weight)
+        self.register_buffer("low", None)
+        self.register_buffer("scales", None)
+
+    @property
+    def quantized(self) -> bool:
+        return self.planes is not None
+
+    def lower(self, weights: str) -> None:
+        """Keep only a float16, int8 (per output channel) or int4 (planes) copy of the weight, for a drafting copy
+        whose one-row calls read half, a quarter or an eighth of the bytes. Buffers, not plain attributes:
+        torch.compile then folds them in as constants (as plain tensors they became graph inputs, and
+        inductor's C++ failed on their sizes)."""
+        if weights == "int4":
+            self.planes, self.plane_scales = qw.pack(qw.quantize(self.weight, "int4"), self.weight.dtype)
+            self.max_rows, self.plane_count = 1 << 30, 1
+        elif weights == "float16":
+            self.low = self.weight.detach().half()
+        else:
+            low = packing.quantize(self.weight)
+            if low is None:
+                raise ValueError(f"no int8 kernel for {self.weight.dtype} weights on {self.weight.device}")
+            self.low, self.scales = low
+        del self.weight
+        self.weight = self.packed = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # compiled (model/compiled.py: one graph per row count), the planes are the faster for every row count
+        if self.max_rows and (torch.compiler.is_compiling() or x.numel() <= self.max_rows * x.shape[-1]):
+            return qw.int4_linear(x, self.planes, self.plane_scales, self.out_features, self.bias, self.plane_count)
+        if self.low is not None:
+            if self.scales is not None:
+                return packing.int8_linear(x, (self.low, self.scales), self.bias)
+            y = F.linear(x.half(), self.low).to(x.dtype)
+            return y if self.bias is None else y + self.bias
+        if torch.compiler.is_compiling():  # inductor's freezing prepacks the (constant) weight itself
+            return F.linear(x, self.weight, self.bias)
+        return packing.linear(x, self.weight, self.bias, self.packed)
