@@ -39,6 +39,7 @@ def markdown_report(results: dict) -> str:
         f"{mach['date']} · {mach['platform']} · {mach['cpu_count']} CPUs · torch {mach['torch']} · "
         f"transformers {mach['transformers']} · {cfg['threads']} threads · "
         f"{cfg.get('dtype', '?')} on {cfg.get('device', '?')}"
+        + (f" · {cfg['weights']} weights" if cfg.get("weights", "full") != "full" else "")
         + (f" · engine compiled ({cfg.get('compile_s', 0):.0f} s at load, not timed)" if cfg.get("compiled") else
            " · engine eager"),
         f"target `{cfg['target']}` · {cfg['complete_questions']} questions from `{cfg['question_file']}` "

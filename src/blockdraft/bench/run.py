@@ -134,7 +134,8 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
         bar.close()
 
     cfg = {**asdict(config), "interrupted": interrupted, "machine": machine_info(),
-           "questions": len(questions), "dtype": dtype_name(target.dtype), "device": str(target.device),
+           "questions": len(questions), "dtype": dtype_name(target.dtype), "weights": target.weights,
+           "device": str(target.device),
            "compiled": target.compiled, "compile_s": round(target.compile_seconds, 1)}
     lossless = {m: r.lossless for m, r in runners.items()}
     against_ar = None
