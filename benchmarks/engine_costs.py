@@ -96,10 +96,7 @@ def weight_bytes(target) -> int:
         return sum(p.numel() * p.element_size() for p in model.model.layers.parameters()) + head.nbytes
     total = 0
     for module in [*decoder.layers, decoder.lm_head]:
-        for t in [*module.parameters(), *module.buffers()]:
-            if t is None:
-                continue
-            total += t.nbytes
+        total += sum(t.nbytes for t in [*module.parameters(), *module.buffers()])
     # a quantized Linear keeps its full weight too (for passes of many rows): a one-token step does not read it
     return total - sum(m.weight.nbytes for m in decoder.modules() if getattr(m, "quantized", False))
 

@@ -35,7 +35,8 @@ PLANE_MAX_ROWS = {(4, torch.bfloat16): 8, (8, torch.bfloat16): 4}  # (bits a wei
 
 class Linear(nn.Module):
     """y = x W^T + b for the projections `linears` concatenated (see the module docstring). `planes`: the
-    weight as quantized planes (their dequantized values replace the full weight)."""
+    weight as quantized planes; the linears' weights must already hold the planes' values (Decoder makes the
+    model the quantized one before building its Linears), and become the full copy."""
 
     def __init__(self, linears, planes: qw.Planes | None = None):
         super().__init__()
@@ -49,8 +50,6 @@ class Linear(nn.Module):
                 raise ValueError(f"planes of shape {planes.shape} for a weight of shape {tuple(weight.shape)}")
             self.planes, self.plane_scales = qw.pack(planes, weight.dtype)
             self.plane_count = planes.q.shape[0]
-            # the values the kernel multiplies by (its scales rounded to the dtype), rounded to the dtype
-            weight = planes.dequantize(weight.dtype).to(weight.dtype)
             self.max_rows = PLANE_MAX_ROWS.get((4 * planes.q.shape[0], weight.dtype), 0)
         self.weight = nn.Parameter(weight, requires_grad=False)
         biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
