@@ -1,6 +1,7 @@
 """`ar` on the static engine against transformers' forward and transformers' generate(), same model, one process.
 
-    python benchmarks/engines.py --target gemma3-270m [--dtype auto] [--compile] [--questions 12] [--tokens 128]
+    python benchmarks/engines.py --target gemma3-270m [--dtype auto] [--weights full] [--compile] [--questions 12]
+                                 [--tokens 128]
 
 The three run the same first turns of the Spec-Bench quick subset, interleaved question by question; prints
 each one's median tokens/s, the ratios, and whether the outputs are identical (greedy).
@@ -24,13 +25,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--weights", default="auto", help="the static engine's weights; transformers' forward and "
+                   "generate() run the model with the values they dequantize to (the same model)")
     p.add_argument("--compile", action="store_true", help="compile the static engine (transformers' stays eager)")
     p.add_argument("--questions", type=int, default=12, help="first turns of the quick subset (2 per category)")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    static = Target.load(args.target, dtype=args.dtype, engine="static", compile=args.compile)
+    static = Target.load(args.target, dtype=args.dtype, engine="static", compile=args.compile,
+                         weights=args.weights)
     hf = Target(static.model, static.tokenizer, name=static.name, engine="hf")
     prompts = [static.encode(q.turns[0]) for q in load_questions(None, per_category=2)][: args.questions]
 
@@ -60,7 +64,8 @@ def main() -> None:
                 rates[name].append(len(tokens) / (time.perf_counter() - t0))
                 outputs[name].append(tokens)
     base = statistics.median(rates["transformers forward"])
-    print(f"{static.name}, {str(static.dtype).removeprefix('torch.')}, {args.threads} threads, static engine "
+    print(f"{static.name}, {str(static.dtype).removeprefix('torch.')}, {static.weights} weights, {args.threads} "
+          f"threads, static engine "
           f"{'compiled' if static.compiled else 'eager'}, {len(prompts)} first turns, {args.tokens} tokens")
     for name in runners:
         median = statistics.median(rates[name])

@@ -195,3 +195,36 @@ def test_generate_engine_writes_the_targets_greedy_replies(chat_model_dir, promp
 def test_generate_engine_refuses_sampling_and_later_turns(chat_model_dir, prompts, tmp_path, capsys, extra):
     assert run(chat_model_dir, prompts, tmp_path / "x.jsonl", "--engine", "generate", *extra) != 0
     assert "--engine generate writes greedy first-turn replies" in capsys.readouterr().err
+
+
+def test_generate_engine_cuts_replies_at_the_targets_stop_strings(chat_model_dir, prompts, tmp_path):
+    """A base model's frame ends a reply at a stop string (generation_config.stop_strings): transformers' generate
+    needs the tokenizer to see it, and the reply is the text before it, as our decoder writes it."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    folder = tmp_path / "with-stop"
+    shutil.copytree(chat_model_dir, folder)
+    target = Target.load(str(folder), dtype="float32")
+    ar = SpeculativeDecoder(target, make_drafter("ar", target))
+    whole = ar.generate(target.encode("tell me more"), 12)
+    stop = target.decode(whole.tokens[4:6])  # a string this reply reaches after a few tokens
+    assert stop.strip() and stop in whole.text
+    config = GenerationConfig.from_pretrained(folder) if (folder / "generation_config.json").is_file() \
+        else GenerationConfig()
+    config.stop_strings = [stop]
+    config.save_pretrained(folder)
+    target = Target.load(str(folder), dtype="float32")
+    assert target.stop_strings == (stop,)
+    ar = SpeculativeDecoder(target, make_drafter("ar", target))
+    out = tmp_path / "gen.jsonl"
+    assert run(folder, prompts, out, "--engine", "generate", "--batch", "4", "--max-tokens", "1000") == 0
+    records = lines(out)
+    assert len(records) >= 5
+    cut = 0
+    for r in records:
+        want = ar.generate(target.encode(r["conversations"][0]["value"]), 12)
+        assert r["conversations"][1]["value"] == want.text
+        cut += stop not in r["conversations"][1]["value"] and len(want.tokens) < 12
+    assert cut >= 1  # the stop string ended at least one reply early

@@ -399,7 +399,8 @@ def cmd_generate(args) -> int:
     s = result.stats
     if args.json:
         out = {"method": args.method, "target": target.name, "dtype": dtype_name(target.dtype),
-               "weights": target.weights, "device": str(target.device), "compiled": target.compiled, "compile_s": round(target.compile_seconds, 1),
+               "weights": target.weights, "device": str(target.device), "compiled": target.compiled,
+               "compile_s": round(target.compile_seconds, 1),
                "acceptor": decoder.acceptor.name,
                "lossless": decoder.acceptor.lossless, **result.to_dict()}
         print(json.dumps(out, ensure_ascii=False))

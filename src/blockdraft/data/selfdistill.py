@@ -120,8 +120,14 @@ def generated_replies(target, prompts, max_new_tokens, max_prompt_tokens, batch)
     `generate` over `batch` left-padded prompts at a time (empty replies are skipped)."""
     import torch
 
+    from ..decoding.stopping import Stopper
+
     stop = target.eos_token_ids  # a property that builds its set: once, not per generated token
     eos = sorted(stop)
+    # a base model's frame ends a reply at a stop string ("\nQuestion:"): generate() needs the tokenizer to see it,
+    # and the reply is cut where the decoder would cut it (the text before the string)
+    stopper = Stopper(stop, target.stop_strings, target.decode)
+    strings = {"stop_strings": list(target.stop_strings), "tokenizer": target.tokenizer} if target.stop_strings else {}
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
     prompts = iter(prompts)
     while True:
@@ -142,10 +148,13 @@ def generated_replies(target, prompts, max_new_tokens, max_prompt_tokens, batch)
         with torch.inference_mode():
             out = target.model.generate(input_ids=x.to(target.device), attention_mask=mask.to(target.device),
                                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
-                                        eos_token_id=eos)
+                                        eos_token_id=eos, **strings)
         for (rid, question, _), row in zip(chunk, out[:, width:].tolist(), strict=True):
             reply = list(itertools.takewhile(lambda t: t not in stop, row))
             text = target.decode(reply)
+            cut = stopper.find_stop_string(reply, 0)
+            if cut is not None:
+                reply, text = reply[: cut[0]], text[: cut[1]]
             if text.strip():
                 turns = [{"from": "human", "value": question}, {"from": "gpt", "value": text}]
                 yield rid, turns, len(reply), len(reply)
