@@ -204,17 +204,31 @@ def test_hybrid_skips_the_learned_drafter_on_strong_matches_and_stays_in_step(ti
 def test_gate_runs_the_learned_drafter_only_where_its_gain_pays_for_its_time():
     gate = LearnedGate()
     assert gate.should_run(0.0)  # nothing timed yet
-    gate.time(learned_s=0.005, step_s=0.030)  # it costs 0.2x of a step without it
+    gate.time(learned_s=0.005, rest_s=0.025)  # it costs 0.2x of a step without it
     for _ in range(40):
         gate.record(0.1, retrieved=0, gain=1)  # weak retrieval: the learned drafter adds a token a step
         gate.record(3.0, retrieved=3, gain=0)  # strong retrieval: it adds nothing
     assert all(gate.should_run(0.1) for _ in range(20))
     runs = [gate.should_run(3.0) for _ in range(4 * LearnedGate.EXPLORE)]
     assert sum(runs) == 4 and runs[LearnedGate.EXPLORE - 1]  # skipped, but retried every EXPLORE-th step
-    gate.time(learned_s=0.0, step_s=0.030)  # a drafter that costs nothing always pays
+    gate.time(learned_s=0.0, rest_s=0.030)  # a drafter that costs nothing always pays
     for _ in range(30):
         gate.time(learned_s=0.0)
     assert gate.should_run(3.0)
+
+
+def test_gate_turns_off_a_learned_drafter_dearer_than_the_rest_of_a_step():
+    """A drafter that takes longer than verification itself (2.5x here) pays only if it more than doubles the
+    accepted tokens: adding half a token a step, it is skipped but for the exploring steps."""
+    gate = LearnedGate()
+    gate.time(learned_s=0.050, rest_s=0.020)
+    for _ in range(40):
+        gate.record(0.1, retrieved=0, gain=0.5)
+    runs = [gate.should_run(0.1) for _ in range(4 * LearnedGate.EXPLORE)]
+    assert sum(runs) == 4
+    for _ in range(40):  # the same drafter adding four tokens a step pays for itself
+        gate.record(1.5, retrieved=0, gain=4)
+    assert all(gate.should_run(1.5) for _ in range(10))
 
 
 @pytest.mark.parametrize("learned_ms,runs", [(None, "every step"), (0, "every step"), (9, "under half")])

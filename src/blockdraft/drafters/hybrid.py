@@ -67,11 +67,13 @@ class LearnedGate:
     Per bin of `expected` (the tokens the retrieval sources alone expect to get accepted), steps where the
     learned drafter ran record `retrieved` (accepted tokens along nodes some retrieval source proposed too)
     and `gain` (accepted tokens past them, which only the learned drafter proposed). Running it costs
-    `learned_s` on top of a step of `step_s`, so it pays when
-        (1 + retrieved + gain) / step_s > (1 + retrieved) / (step_s - learned_s),
-    i.e. gain > (1 + retrieved) * learned_s / (step_s - learned_s). Each bin starts as if the drafter paid
-    (PRIOR_GAIN over PRIOR steps), and a bin that stopped paying is retried every EXPLORE-th step, so that its
-    estimate follows the text."""
+    `learned_s` on top of a step of `rest_s` (drafting by the other sources and verification), so it pays when
+        (1 + retrieved + gain) / (rest_s + learned_s) > (1 + retrieved) / rest_s,
+    i.e. gain > (1 + retrieved) * learned_s / rest_s. The two are timed apart: a step's whole time mixes steps
+    with and without the drafter, and a drafter dearer than the average step must still be weighed (it was once
+    treated as unmeasured, and so never gated off). Each bin starts as if the drafter paid (PRIOR_GAIN over PRIOR
+    steps), and a bin that stopped paying is retried every EXPLORE-th step, so that its estimate follows the
+    text."""
 
     EDGES = (0.05, 0.25, 0.5, 1.0, 2.0, 4.0)
     PRIOR, PRIOR_GAIN, EXPLORE = 4.0, 1.0, 8
@@ -81,7 +83,7 @@ class LearnedGate:
         self.gain = defaultdict(float)
         self.retrieved = defaultdict(float)
         self.skipped = defaultdict(int)
-        self.learned_s = self.step_s = None  # moving averages (seconds)
+        self.learned_s = self.rest_s = None  # moving averages (seconds)
 
     def bin(self, expected: float) -> int:
         return sum(expected >= edge for edge in self.EDGES)
@@ -91,9 +93,9 @@ class LearnedGate:
         n = self.steps[b] + self.PRIOR
         gain = (self.gain[b] + self.PRIOR * self.PRIOR_GAIN) / n
         retrieved = self.retrieved[b] / n
-        if self.learned_s is None or self.step_s is None or self.step_s <= self.learned_s:
+        if self.learned_s is None or not self.rest_s:
             return True  # nothing measured yet
-        if gain > (1 + retrieved) * self.learned_s / (self.step_s - self.learned_s):
+        if gain > (1 + retrieved) * self.learned_s / self.rest_s:
             return True
         self.skipped[b] += 1
         return self.skipped[b] % self.EXPLORE == 0
@@ -104,12 +106,12 @@ class LearnedGate:
         self.retrieved[b] += retrieved
         self.gain[b] += gain
 
-    def time(self, learned_s: float | None = None, step_s: float | None = None) -> None:
+    def time(self, learned_s: float | None = None, rest_s: float | None = None) -> None:
         average = lambda old, new: new if old is None else 0.9 * old + 0.1 * new  # noqa: E731
         if learned_s is not None:
             self.learned_s = average(self.learned_s, learned_s)
-        if step_s is not None:
-            self.step_s = average(self.step_s, step_s)
+        if rest_s is not None:
+            self.rest_s = average(self.rest_s, rest_s)
 
 
 @dataclass
@@ -168,6 +170,7 @@ class HybridDrafter(Drafter):
         self._last = None
         self._ran = None  # this step's retrieval expectation when the learned drafter ran (for the gate)
         self._step_started = None
+        self._learned_s = 0.0  # the learned drafter's time in this step
 
     def fork(self) -> "HybridDrafter":
         """Its sources forked; the acceptance calibration and the gate's measurements stay shared (learnt
@@ -220,8 +223,9 @@ class HybridDrafter(Drafter):
                 self.learned_runs += 1
                 t0 = time.perf_counter()
                 tree, scores = drafter.scored_tree(ctx)
+                self._learned_s = time.perf_counter() - t0
                 if self.gate is not None:
-                    self.gate.time(learned_s=time.perf_counter() - t0)
+                    self.gate.time(learned_s=self._learned_s)
                 self._ran = expected
                 found.append(self._score(learned_proposal(name, tree, scores)))
         return found
@@ -236,9 +240,9 @@ class HybridDrafter(Drafter):
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         now = time.perf_counter()
-        if self.gate is not None and self._step_started is not None:
-            self.gate.time(step_s=now - self._step_started)  # the last step, drafting and verification
-        self._step_started = now
+        if self.gate is not None and self._step_started is not None:  # the last step, less the learned drafter
+            self.gate.time(rest_s=now - self._step_started - self._learned_s)
+        self._step_started, self._learned_s = now, 0.0
         self._learn(ctx.tokens)
         self._ran = None
         self.steps += 1
