@@ -1,6 +1,7 @@
 """Verification cost of the target, per engine and dtype: t(1) and t(k)/t(1), next to the bandwidth limit.
 
-    python benchmarks/engine_costs.py [--threads 2] [--context 400] [--reps 15] [--engines hf,static,compiled]
+    python benchmarks/engine_costs.py [--target smollm2-135m] [--threads 2] [--context 400] [--reps 15]
+                                      [--engines hf,static,compiled]
     python benchmarks/engine_costs.py --dtypes bfloat16 --engines static --weights full,int8,int4
 
 Every engine x dtype x weights kind runs interleaved in one process (a round of each, repeated), so that the noise of
@@ -30,6 +31,7 @@ def timed(fn) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m", help="model name, folder or .gguf file")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=400)
     ap.add_argument("--reps", type=int, default=15)
@@ -43,7 +45,7 @@ def main() -> None:
     targets = {}
     for name in args.dtypes.split(","):
         for weights in args.weights.split(","):
-            base = Target.load("smollm2-135m", dtype=getattr(torch, name), weights=weights)
+            base = Target.load(args.target, dtype=getattr(torch, name), weights=weights)
             for engine in args.engines.split(","):
                 if weights != "full" and engine == "hf":
                     continue  # quantized weights run in the static engine only
@@ -72,7 +74,7 @@ def main() -> None:
     print("\n| dtype | weights | weight bytes per step | LM-head matmul bandwidth | bandwidth-limit step |")
     print("|---|---|---|---|---|")
     for name in args.dtypes.split(","):
-        full = Target.load("smollm2-135m", dtype=getattr(torch, name))
+        full = Target.load(args.target, dtype=getattr(torch, name))
         head = full.model.get_output_embeddings().weight
         x = torch.randn(1, head.shape[1], dtype=head.dtype)
         with torch.inference_mode():

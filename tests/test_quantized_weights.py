@@ -174,7 +174,8 @@ def test_the_default_gguf_runs_its_own_blocks():
     assert planes["lm_head"].q.shape[0] == 2 and planes["model.layers.0.self_attn.q_proj"].q.shape[0] == 1
 
 
-def test_compiled_row_buckets_keep_the_quantized_output(tiny, kernel_in_float32, monkeypatch):
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_compiled_row_buckets_keep_the_quantized_output(tiny, kernel_in_float32, monkeypatch, weights):
     """Compiled, a quantized target runs one graph per row bucket with trees padded up to it (model/compiled.py):
     padding rows change nothing (the same tokens as the eager quantized target) and no graph is made after load."""
     from torch._dynamo.utils import counters
@@ -183,8 +184,8 @@ def test_compiled_row_buckets_keep_the_quantized_output(tiny, kernel_in_float32,
 
     monkeypatch.setattr(compiled, "ROW_BUCKETS", (1, 4, 8))
     monkeypatch.setattr(engine, "ROW_BUCKETS", (1, 4, 8))
-    eager = _quantized_tiny(tiny, "int4")
-    target = Target(copy.deepcopy(tiny.model), tiny.tokenizer, name=tiny.name, weights="int4", compile=True)
+    eager = _quantized_tiny(tiny, weights)
+    target = Target(copy.deepcopy(tiny.model), tiny.tokenizer, name=tiny.name, weights=weights, compile=True)
     assert target.forwarder.row_buckets and target.compiled
     graphs = counters["stats"]["unique_graphs"]
     prompt = eager.encode("tell me more now\n", chat_template=False)
@@ -194,3 +195,27 @@ def test_compiled_row_buckets_keep_the_quantized_output(tiny, kernel_in_float32,
         assert res.tokens == ar.tokens, method
     assert res.stats.tau > 1
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("bits,compiled_rows", [(4, (1, 4, 8, 32)), (8, (1,))])
+def test_a_linear_reads_its_planes_where_their_kernel_is_the_faster(monkeypatch, bits, compiled_rows):
+    """Eager: planes up to PLANE_MAX_ROWS rows (bf16). Compiled (a fixed row count per graph): one plane at every
+    row count, two planes at one row only; otherwise the full copy of the same values."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64).bfloat16()
+    planes = qw.quantize(weight, "int4" if bits == 4 else "int8")
+    assert planes.q.shape[0] == bits // 4
+    layer = torch.nn.Linear(64, 64, bias=False)
+    layer.weight.data = planes.dequantize(torch.bfloat16).bfloat16()
+    lin = linear.Linear([layer], planes)
+    calls, kernel = [], qw.int4_linear
+    monkeypatch.setattr(qw, "int4_linear", lambda x, *a: calls.append(x.shape[0]) or kernel(x, *a))
+    eager_max = linear.PLANE_MAX_ROWS[(bits, torch.bfloat16)]
+    for compiling, rows_read in ((False, tuple(r for r in (1, 4, 8, 32) if r <= eager_max)), (True, compiled_rows)):
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda c=compiling: c)
+        calls.clear()
+        with torch.inference_mode():
+            for rows in (1, 4, 8, 32):
+                y = lin(torch.randn(rows, 64).bfloat16())
+                assert y.shape == (rows, 64)
+        assert tuple(calls) == rows_read, (compiling, calls)

@@ -83,7 +83,8 @@ def compiled_step(decoder: Decoder):
 def static_rows_step(decoder: Decoder):
     """One sequence's decoding step through torch.compile with max-autotune, one graph per row count (the caller
     pads trees to ROW_BUCKETS) and the context length symbolic, for quantized weights (see the module docstring).
-    Every Linear reads its planes for every row count here (linear.Linear, `all_rows`)."""
+    A Linear reads its planes here at every row count with one plane (4-bit), at one row with two (8-bit), else
+    its full copy (linear.COMPILED_PLANE_MAX_ROWS)."""
     step = torch.compile(_Step(decoder), dynamic=True)
 
     def call(tokens, cos, sin, mask, keys, values, write_slot, write_pos, end, window_mask=None):

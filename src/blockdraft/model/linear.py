@@ -12,7 +12,8 @@ kept in one or two of these forms:
   for bit in float32; in bf16 the kernel multiplies by (q - 8) * scale + zero with scale and zero in bf16, and
   the full weight is those values rounded to bf16 (a divergence between the two is a numeric tie, measured as
   every bf16 one is). In float32 and float16 the kernel is slow (PLANE_MAX_ROWS) and every call reads the full
-  weight;
+  weight. Compiled, inductor's int4 GEMM template takes over, faster at every row count with one plane and at one
+  row only with two (COMPILED_PLANE_MAX_ROWS);
 - lowered: a float16 or int8 copy in a drafting copy of the decoder (drafters/quantized.py), no full weight.
 """
 
@@ -31,6 +32,11 @@ from . import quantized_weights as qw
 # 2.13's kernel has a fast path for bf16 activations only (float32: 125 ms for 1 row, float16 ~40x bf16): in those
 # dtypes every call reads the full weight, which in float32 is the planes' values exactly.
 PLANE_MAX_ROWS = {(4, torch.bfloat16): 8, (8, torch.bfloat16): 4}  # (bits a weight: 4 per plane, dtype)
+# Compiled (inductor's int4 GEMM template, one graph per row bucket), one plane beats the full weight at every bucket
+# on SmolLM2 (a 16-row pass 20.1 ms against 26.7), but two planes only at one row: the template's times for Gemma 3
+# 270M's 262,144 x 640 Q8_0 LM head were 10.8 ms at 1 row, 16.0 / 21.1 / 26.7 / 40.6 ms at 4 / 8 / 16 / 32, against
+# 13.4 / 13.5 / 14.5 / 14.5 / 20.2 ms for its prepacked bf16 copy (AMX Xeon, 2 threads, 2026-12-07).
+COMPILED_PLANE_MAX_ROWS = {4: 1 << 30, 8: 1}
 
 
 class Linear(nn.Module):
@@ -44,13 +50,14 @@ class Linear(nn.Module):
         self.out_features = weight.shape[0]
         self.register_buffer("planes", None)
         self.register_buffer("plane_scales", None)
-        self.max_rows = self.plane_count = 0
+        self.max_rows = self.compiled_max_rows = self.plane_count = 0
         if planes is not None:
             if tuple(planes.shape) != tuple(weight.shape):
                 raise ValueError(f"planes of shape {planes.shape} for a weight of shape {tuple(weight.shape)}")
             self.planes, self.plane_scales = qw.pack(planes, weight.dtype)
             self.plane_count = planes.q.shape[0]
             self.max_rows = PLANE_MAX_ROWS.get((4 * planes.q.shape[0], weight.dtype), 0)
+            self.compiled_max_rows = COMPILED_PLANE_MAX_ROWS[4 * planes.q.shape[0]] if self.max_rows else 0
         self.weight = nn.Parameter(weight, requires_grad=False)
         biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
         has_bias = any(m.bias is not None for m in linears)
@@ -70,7 +77,8 @@ class Linear(nn.Module):
         inductor's C++ failed on their sizes)."""
         if weights == "int4":
             self.planes, self.plane_scales = qw.pack(qw.quantize(self.weight, "int4"), self.weight.dtype)
-            self.max_rows, self.plane_count = 1 << 30, 1
+            self.max_rows = self.compiled_max_rows = 1 << 30  # no full weight left
+            self.plane_count = 1
         elif weights == "float16":
             self.low = self.weight.detach().half()
         else:
@@ -82,8 +90,9 @@ class Linear(nn.Module):
         self.weight = self.packed = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # compiled (model/compiled.py: one graph per row count), the planes are the faster for every row count
-        if self.max_rows and (torch.compiler.is_compiling() or x.numel() <= self.max_rows * x.shape[-1]):
+        # compiled (model/compiled.py: one graph per row count, so the rows are a constant here)
+        limit = self.compiled_max_rows if torch.compiler.is_compiling() else self.max_rows
+        if limit and x.numel() <= limit * x.shape[-1]:
             return qw.int4_linear(x, self.planes, self.plane_scales, self.out_features, self.bias, self.plane_count)
         if self.low is not None:
             if self.scales is not None:
