@@ -143,6 +143,17 @@ def test_quantized_drafts_with_an_int4_copy_of_an_int8_target(tiny, kernel_in_fl
         make_drafter("quantized", _quantized_tiny(tiny, "int4"))
 
 
+def test_bench_refuses_quantized_on_int4_weights_before_loading(tmp_path, capsys):
+    """Compiling a quantized target takes minutes: the refusal comes first (the target named does not even exist)."""
+    from blockdraft.cli import main
+
+    missing = str(tmp_path / "no-such-model")
+    assert main(["bench", "--target", missing, "--weights", "int4", "--methods", "ar,quantized"]) != 0
+    assert "no cheaper copy" in capsys.readouterr().err
+    assert main(["bench", "--target", missing, "--weights", "int8", "--methods", "ar,quantized"]) != 0
+    assert "no cheaper copy" not in capsys.readouterr().err  # int8 has one: the load itself fails here
+
+
 def test_bad_weights_are_refused_with_a_clear_error(tiny):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -336,7 +336,7 @@ def cmd_bench(args) -> int:
     make_acceptor(args.acceptor, SamplingParams(args.temperature, args.top_k, args.top_p))  # fail before loading
     cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
     questions = load_questions(args.questions, args.per_category, cats)
-    check_methods(methods)  # before spending seconds on loading the model
+    check_methods(methods, args.weights)  # before spending seconds (minutes, compiled) on loading the model
     target = load_target(args)
     config = BenchConfig(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

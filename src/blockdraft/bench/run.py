@@ -87,7 +87,7 @@ def run_bench(target: Target, questions: list[Question], config: BenchConfig, pr
 
     Ctrl-C stops early and keeps what was measured (marked `interrupted` in the config).
     """
-    check_methods(config.methods)
+    check_methods(config.methods, target.weights)
     params = SamplingParams(config.temperature, config.top_k, config.top_p)
     runners = {m: make_runner(m, target, params, config.acceptor, config.pace) for m in config.methods}
     torch.set_num_threads(config.threads)

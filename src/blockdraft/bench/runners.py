@@ -110,10 +110,14 @@ class HFRunner:
         return RunRecord(out[0, len(prompt_ids):].tolist(), dt, self.calls)
 
 
-def check_methods(methods: list[str]) -> None:
-    """Refuse unknown method names, and a run without `ar` (every speedup is measured against it)."""
+def check_methods(methods: list[str], weights: str = "full") -> None:
+    """Refuse unknown method names, `quantized` on int4 weights, and a run without `ar` (every speedup is measured
+    against it)."""
+    from ..drafters.quantized import refuse_int4_target
+
     for m in methods:
-        check_method(m, also=tuple(HF_METHODS))  # a registered method (methods.py), or transformers' own
+        if check_method(m, also=tuple(HF_METHODS)) == "quantized":  # registered (methods.py), or transformers' own
+            refuse_int4_target(weights)
     if "ar" not in methods:
         raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")
 

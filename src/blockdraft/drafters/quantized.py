@@ -51,6 +51,13 @@ def lowered_decoder(model, weights: str) -> Decoder:
     return decoder
 
 
+def refuse_int4_target(weights: str) -> None:
+    """An int4 target has no cheaper copy to draft with (checked before a slow load too: `bench`)."""
+    if weights == "int4":
+        raise BlockdraftError("quantized: the target already runs int4 weights, and there is no cheaper copy to "
+                              "draft with: choose another method, or load the target with --weights int8 or full")
+
+
 class QuantizedDrafter(Drafter):
     """Drafts up to `depth` tokens, one lowered step each, on the target's cache (see the module docstring).
 
@@ -74,9 +81,7 @@ class QuantizedDrafter(Drafter):
             raise BlockdraftError(f"quantized: depth must be a positive integer, got {depth}")
         if not 0.0 <= float(min_prob) <= 1.0:
             raise BlockdraftError(f"quantized: min_prob must be in [0, 1], got {min_prob}")
-        if target.weights == "int4":
-            raise BlockdraftError("quantized: the target already runs int4 weights, and there is no cheaper copy to "
-                                  "draft with: choose another method, or load the target with --weights int8 or full")
+        refuse_int4_target(target.weights)
         if weights == "auto":
             weights = "int4" if target.weights == "int8" else "float16" if target.dtype == torch.float32 else "int8"
         try:
