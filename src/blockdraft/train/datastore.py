@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.sharegpt import data_path, load_conversations, split_conversations
+from ..data.sharegpt import data_sources, split_sources
 from ..drafters.rest import Datastore
 from ..errors import BlockdraftError
 from ..model.loading import cache_dir
@@ -48,9 +48,10 @@ def build_datastore(target, out, records, max_tokens: int | None = None, source:
 
 def train_datastore(target, out, data: str = "sharegpt", max_tokens: int | None = None) -> Datastore:
     """`blockdraft train --drafter datastore`: the training split of `data` (held-out conversations never)."""
-    path = data_path(data)
-    train, _ = split_conversations(load_conversations(path))
-    return build_datastore(target, out, train, max_tokens, Path(path).name)
+    paths = data_sources(data)
+    trains, _ = split_sources(paths)
+    return build_datastore(target, out, [r for part in trains for r in part], max_tokens,
+                           ",".join(Path(p).name for p in paths))
 
 
 def default_datastore(target, data: str = "sharegpt") -> Datastore:

@@ -157,11 +157,13 @@ def feature_dtype_for(target) -> str:
 
 @torch.inference_mode()
 def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAULT_MAX_LEN, top_k: int = 32,
-                layers: tuple[int, ...] | None = None, seed: int = 0, max_minutes: float = 0.0) -> FeatureStore:
+                layers: tuple[int, ...] | None = None, seed: int = 0, max_minutes: float = 0.0,
+                source_sizes: list[int] | None = None) -> FeatureStore:
     """Run `target` over conversations until `max_tokens` tokens are stored. Resumable: meta.json is
     rewritten every few conversations and a rerun continues after the last stored one. With `max_minutes`,
     the store ends (complete, with fewer tokens) at the first conversation that finishes past that time:
-    a time-boxed machine (a lent GPU) then always gets to training."""
+    a time-boxed machine (a lent GPU) then always gets to training. `records` may be several sources one after
+    another (`source_sizes` records each): every conversation of a source is stored before the next source's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layers = tuple(layers or default_feature_layers(target.num_layers))
@@ -195,8 +197,7 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
                     "top_k": top_k, "max_len": max_len, "capacity": capacity, "n_tokens": 0, "n_seqs": 0,
                     "next_record": 0, "seed": seed, "dtype": str(target.dtype).removeprefix("torch."),
                     "feature_dtype": feature_dtype}
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
+    order = source_order(source_sizes or [len(records)], seed)
     n, s = meta["n_tokens"], meta["n_seqs"]
     bar = tqdm(total=max_tokens, initial=n, unit="tok", desc="target features", smoothing=0.05)
     t_save = t_start = time.time()
@@ -246,6 +247,18 @@ def build_store(target, records, out_dir, max_tokens: int, max_len: int = DEFAUL
     meta["complete"] = True  # the loop ran to its end (not killed): a later run reuses the store as it is
     _flush(meta_path, meta, (tokens, assistant, feats, topk_ids, topk_logp, starts))
     return FeatureStore.open(out)
+
+
+def source_order(sizes: list[int], seed: int) -> list[int]:
+    """The order a store reads records in: each source's shuffled, the sources one after another, so that
+    `--data selfdistill.jsonl,sharegpt` keeps every self-distilled reply and fills the rest of the store with
+    ShareGPT (one source: the plain shuffle stores were always built in, so they still resume)."""
+    rng, order, start = random.Random(seed), [], 0
+    for n in sizes:
+        part = list(range(start, start + n))
+        rng.shuffle(part)
+        order, start = order + part, start + n
+    return order
 
 
 def teacher_topk(head: torch.nn.Module, states: torch.Tensor, k: int, chunk: int = 64):

@@ -11,7 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..data.chat import check_chat_template
-from ..data.sharegpt import data_path, load_conversations, split_conversations
+from ..data.sharegpt import data_sources, split_sources
 from ..drafters.checkpoint import target_signature
 from ..errors import BlockdraftError
 from ..refine.ngram import NGramLM
@@ -71,14 +71,15 @@ def train_ngram(target, out, data: str = "sharegpt", order: int = 4, max_tokens:
         raise BlockdraftError("the n-gram LM is trained on text: the target needs a tokenizer")
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
-    path = data_path(data)
-    train, valid = split_conversations(load_conversations(path))
+    paths = data_sources(data)
+    trains, valids = split_sources(paths)
+    train, valid = [r for part in trains for r in part], [r for part in valids for r in part]
     t0 = time.time()
     seqs, _ = token_sequences(target, train, max_tokens)
     vseqs, vmasks = token_sequences(target, valid, 50_000, desc="held-out")
     lm = NGramLM.fit(seqs, target.vocab_size, order, min_count,
                      meta={"target": target_signature(target), "train_tokens": int(sum(map(len, seqs))),
-                           "min_count": min_count, "data": Path(path).name})
+                           "min_count": min_count, "data": ",".join(Path(p).name for p in paths)})
     lm.meta["valid_perplexity"] = round(perplexity(lm, vseqs, vmasks), 2)
     lm.meta["minutes"] = round((time.time() - t0) / 60, 1)
     lm.save(out)

@@ -9,7 +9,7 @@ from dataclasses import fields
 from importlib import import_module
 from pathlib import Path
 
-from ..data.sharegpt import data_path, load_conversations, split_conversations
+from ..data.sharegpt import data_sources, split_sources
 from ..drafters.checkpoint import OLD_KINDS
 from ..errors import BlockdraftError
 from ..model.loading import cache_dir
@@ -54,12 +54,15 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
                    store: str | None = None, max_len: int | None = None, valid_store: str | None = None):
     """(train store, validation store) for `target`, built on first use (reused as they are once complete).
     Validation conversations are held out by id (see data.sharegpt.split_conversations); Spec-Bench is never
-    used for training. Conversations are kept whole up to `max_len` tokens (and the target's context)."""
+    used for training. With several sources (`data` joined by commas) each store takes a source's conversations
+    before the next one's. Conversations are kept whole up to `max_len` tokens (and the target's context)."""
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
     max_len = min(max_len or DEFAULT_MAX_LEN, target.max_length)
-    path = data_path(data)
-    train, valid = split_conversations(load_conversations(path))
+    paths = data_sources(data)
+    path = ",".join(paths)
+    trains, valids = split_sources(paths)
+    train, valid = [r for part in trains for r in part], [r for part in valids for r in part]
     train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens, max_len)
     valid_dir = Path(valid_store) if valid_store else train_dir.parent / (train_dir.name + "-valid") if store else (
         store_folder(target, path, "valid", valid_tokens, max_len))
@@ -68,8 +71,10 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
         # a validation figure over no data would read as tau 1.0
         print(f"{path} holds no held-out conversations: training without validation")
         valid_tokens = 0
-    train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len)
-    valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len) if valid_tokens else None
+    train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len,
+                              source_sizes=list(map(len, trains)))
+    valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len,
+                              source_sizes=list(map(len, valids))) if valid_tokens else None
     if valid_store is not None and valid_store.meta["n_tokens"] == 0:
         print(f"the validation store {valid_dir} is empty: training without validation")
         valid_store = None
@@ -134,7 +139,7 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
                                               max_len, valid_store=None if store else before.get("valid_store"))
     Path(out).mkdir(parents=True, exist_ok=True)
     record = {"drafter": drafter, "target": target.name, "target_arg": target_arg,
-              "data": data if data == "sharegpt" else str(Path(data).resolve()),
+              "data": ",".join(d if d == "sharegpt" else str(Path(d).resolve()) for d in data.split(",")),
               "max_tokens": max_tokens, "max_len": train_store.meta["max_len"],
               "valid_tokens": valid_tokens, "store": str(train_store.path),
               "valid_store": str(valid_store.path) if valid_store else None,
