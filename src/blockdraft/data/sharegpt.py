@@ -12,6 +12,7 @@ import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import BlockdraftError
 
@@ -34,19 +35,33 @@ def data_path(data: str) -> str:
     return path
 
 
-def data_sources(data: str) -> list[str]:
-    """The files `data` names: 'sharegpt', a ShareGPT-format file, or several joined by commas (e.g.
-    `DIR/selfdistill.jsonl,sharegpt`), each checked to exist."""
+def source_names(data: str) -> list[str]:
+    """The sources `data` names: 'sharegpt', a ShareGPT-format file, or several joined by commas (e.g.
+    `DIR/selfdistill.jsonl,sharegpt`); an empty one is refused."""
     names = [name.strip() for name in data.split(",")]
     if not all(names):
         raise BlockdraftError(f"--data '{data}' has an empty source: name files (or 'sharegpt') joined by commas")
-    return [data_path(name) for name in names]
+    return names
 
 
-def split_sources(paths) -> tuple[list[list[dict]], list[list[dict]]]:
-    """(train, valid) conversations of each source, a list per source in the order given."""
+def data_sources(data: str) -> list[str]:
+    """The files `data` names (see source_names), each checked to exist."""
+    return [data_path(name) for name in source_names(data)]
+
+
+class SourceSplit(NamedTuple):
+    """Train and validation conversations of several sources, each list one source's records after another's."""
+    train: list[dict]
+    valid: list[dict]
+    train_sizes: list[int]  # records per source, in the order given
+    valid_sizes: list[int]
+
+
+def split_sources(paths) -> SourceSplit:
+    """Every source split by id into train and validation (split_conversations), in the order given."""
     pairs = [split_conversations(load_conversations(path)) for path in paths]
-    return [train for train, _ in pairs], [valid for _, valid in pairs]
+    return SourceSplit([r for train, _ in pairs for r in train], [r for _, valid in pairs for r in valid],
+                       [len(train) for train, _ in pairs], [len(valid) for _, valid in pairs])
 
 
 def load_conversations(path: str | None = None) -> tuple[dict, ...]:

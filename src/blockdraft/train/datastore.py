@@ -49,8 +49,7 @@ def build_datastore(target, out, records, max_tokens: int | None = None, source:
 def train_datastore(target, out, data: str = "sharegpt", max_tokens: int | None = None) -> Datastore:
     """`blockdraft train --drafter datastore`: the training split of `data` (held-out conversations never)."""
     paths = data_sources(data)
-    trains, _ = split_sources(paths)
-    return build_datastore(target, out, [r for part in trains for r in part], max_tokens,
+    return build_datastore(target, out, split_sources(paths).train, max_tokens,
                            ",".join(Path(p).name for p in paths))
 
 

@@ -257,7 +257,8 @@ def source_order(sizes: list[int], seed: int) -> list[int]:
     for n in sizes:
         part = list(range(start, start + n))
         rng.shuffle(part)
-        order, start = order + part, start + n
+        order.extend(part)
+        start += n
     return order
 
 

@@ -72,8 +72,7 @@ def train_ngram(target, out, data: str = "sharegpt", order: int = 4, max_tokens:
     if max_tokens < 1000:
         raise BlockdraftError(f"--max-tokens must be at least 1000, got {max_tokens}")
     paths = data_sources(data)
-    trains, valids = split_sources(paths)
-    train, valid = [r for part in trains for r in part], [r for part in valids for r in part]
+    train, valid, _, _ = split_sources(paths)
     t0 = time.time()
     seqs, _ = token_sequences(target, train, max_tokens)
     vseqs, vmasks = token_sequences(target, valid, 50_000, desc="held-out")

@@ -9,7 +9,7 @@ from dataclasses import fields
 from importlib import import_module
 from pathlib import Path
 
-from ..data.sharegpt import data_sources, split_sources
+from ..data.sharegpt import data_sources, source_names, split_sources
 from ..drafters.checkpoint import OLD_KINDS
 from ..errors import BlockdraftError
 from ..model.loading import cache_dir
@@ -61,8 +61,7 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
     max_len = min(max_len or DEFAULT_MAX_LEN, target.max_length)
     paths = data_sources(data)
     path = ",".join(paths)
-    trains, valids = split_sources(paths)
-    train, valid = [r for part in trains for r in part], [r for part in valids for r in part]
+    train, valid, train_sizes, valid_sizes = split_sources(paths)
     train_dir = Path(store) if store else store_folder(target, path, "train", max_tokens, max_len)
     valid_dir = Path(valid_store) if valid_store else train_dir.parent / (train_dir.name + "-valid") if store else (
         store_folder(target, path, "valid", valid_tokens, max_len))
@@ -72,9 +71,9 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
         print(f"{path} holds no held-out conversations: training without validation")
         valid_tokens = 0
     train_store = build_store(target, train, train_dir, max_tokens, max_len=max_len,
-                              source_sizes=list(map(len, trains)))
+                              source_sizes=train_sizes)
     valid_store = build_store(target, valid, valid_dir, valid_tokens, max_len=max_len,
-                              source_sizes=list(map(len, valids))) if valid_tokens else None
+                              source_sizes=valid_sizes) if valid_tokens else None
     if valid_store is not None and valid_store.meta["n_tokens"] == 0:
         print(f"the validation store {valid_dir} is empty: training without validation")
         valid_store = None
@@ -139,7 +138,7 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
                                               max_len, valid_store=None if store else before.get("valid_store"))
     Path(out).mkdir(parents=True, exist_ok=True)
     record = {"drafter": drafter, "target": target.name, "target_arg": target_arg,
-              "data": ",".join(d if d == "sharegpt" else str(Path(d).resolve()) for d in data.split(",")),
+              "data": ",".join(n if n == "sharegpt" else str(Path(n).resolve()) for n in source_names(data)),
               "max_tokens": max_tokens, "max_len": train_store.meta["max_len"],
               "valid_tokens": valid_tokens, "store": str(train_store.path),
               "valid_store": str(valid_store.path) if valid_store else None,
