@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "to build on")
     t.add_argument("--init-module", default=None,
                    help="treeflash: start the AR module from this one (trained on the same --init base): fine-tune")
+    t.add_argument("--copy", action="store_true", default=None,
+                   help="treeflash: the AR module also reads, for each parent token, the token that followed its last "
+                        "occurrence in the context (copying what the context repeats; docs/methods.md)")
     t.add_argument("--style", default=None,
                    help="bpd: ffn (default) or medusa (Medusa's x + SiLU(Wx+b) heads); dflash: seeded (default: "
                         "block inputs seeded with the context) or vllm (the architecture vLLM's DFlash runs; old name "
@@ -286,7 +289,7 @@ def cmd_train(args) -> int:
     from .train.trainer import saved_state
 
     names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "inner_size", "num_layers", "gamma", "draft_vocab",
-             "lr", "seed", "order", "min_count", "width", "init", "init_module", "style")
+             "lr", "seed", "order", "min_count", "width", "init", "init_module", "style", "copy")
     options = {k: getattr(args, k) for k in names}
     if args.resume is not None:  # the run's own arguments, unless given again
         folder = args.out if args.resume is True else args.resume

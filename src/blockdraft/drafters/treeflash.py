@@ -12,6 +12,9 @@ the block drafter's marginals.
 
 The same module on top of BPD heads (their per-head states instead of the block's per-depth
 states) makes the heads parent-conditioned, like Hydra's sequential heads: method `hydra`.
+
+A module trained with `--copy` also reads RMSNorm(emb(c)), c the token that followed the parent's last
+occurrence in the context (drafters/context_copy.py): what the drafter could not copy before.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..trees.builders import best_first_transition_tree
 from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
 from .checkpoint import drafter_kind, load_checkpoint, load_weights, save_drafter
+from .context_copy import NO_COPY, extend_table
 
 
 # Transition rows over each depth's 128 likeliest marginal tokens, not the 8k draft vocabulary: on held-out ShareGPT
@@ -45,11 +49,13 @@ class ARApproxConfig:
     block_drafter: str = ""  # the base drafter checkpoint it was trained on (for the record)
     base_kind: str = "dflash"  # the base drafter's checkpoint kind: "dflash" (TreeFlash) or "bpd" (Hydra-like)
     draft_vocab: int = 0
+    copy: bool = False  # also reads the token after the parent's last occurrence in the context
     training: dict = field(default_factory=dict)
 
 
 class ARApproxModule(nn.Module):
-    """h + SwiGLU([RMSNorm(emb(parent)); RMSNorm(h)]); the down projection starts at zero (identity)."""
+    """h + SwiGLU([RMSNorm(emb(parent)); RMSNorm(h)]) (with `copy`: and RMSNorm(emb(copy token)), zero where the
+    parent has not occurred); the down projection starts at zero (identity)."""
 
     def __init__(self, c: ARApproxConfig):
         super().__init__()
@@ -57,14 +63,26 @@ class ARApproxModule(nn.Module):
         h = c.hidden_size
         self.norm_parent = nn.RMSNorm(h, eps=c.rms_eps)
         self.norm_state = nn.RMSNorm(h, eps=c.rms_eps)
-        self.gate = nn.Linear(2 * h, c.inner_size, bias=False)
-        self.up = nn.Linear(2 * h, c.inner_size, bias=False)
+        self.norm_copy = nn.RMSNorm(h, eps=c.rms_eps) if c.copy else None
+        inputs = (3 if c.copy else 2) * h
+        self.gate = nn.Linear(inputs, c.inner_size, bias=False)
+        self.up = nn.Linear(inputs, c.inner_size, bias=False)
         self.down = nn.Linear(c.inner_size, h, bias=False)
         nn.init.zeros_(self.down.weight)
 
-    def forward(self, h: torch.Tensor, parent_emb: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([self.norm_parent(parent_emb), self.norm_state(h)], -1)
+    def forward(self, h: torch.Tensor, parent_emb: torch.Tensor, copy_emb: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        parts = [self.norm_parent(parent_emb), self.norm_state(h)]
+        if self.norm_copy is not None:
+            parts.append(self.norm_copy(copy_emb))
+        x = torch.cat(parts, -1)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def token_embeddings(base, ids: torch.Tensor) -> torch.Tensor:
+    """The target's input embeddings of `ids` (a base drafter's `embed`), zero where an id is NO_COPY."""
+    ids = ids.to(base.embed.device)
+    return base.embed[ids.clamp(min=0)] * (ids != NO_COPY).unsqueeze(-1).to(base.embed.dtype)
 
 
 class TreeFlashDrafter(Drafter):
@@ -114,6 +132,8 @@ class TreeFlashDrafter(Drafter):
         self.cost_curve = cost_curve
         self.feature_layers = base.feature_layers
         self.last_lattice = None
+        self._copy_table, self._copy_seen = {}, 0  # with a copy module: token -> next token in this request
+        self._to_draft = None  # target id -> draft id (a copy module's extra columns), built on first use
 
     @classmethod
     def from_pretrained(cls, folder, target, base: LatticeDrafter, **kw) -> "TreeFlashDrafter":
@@ -132,6 +152,21 @@ class TreeFlashDrafter(Drafter):
 
     def reset(self, prompt_ids) -> None:
         self.base.reset(prompt_ids)
+        self._copy_table, self._copy_seen = {}, 0
+
+    def _read_context(self, tokens: list[int]) -> None:
+        if self.module.config.copy:
+            if len(tokens) < self._copy_seen:  # another request without a reset: start over
+                self._copy_table, self._copy_seen = {}, 0
+            self._copy_table = extend_table(self._copy_table, tokens, self._copy_seen)
+            self._copy_seen = len(tokens)
+
+    def _copies(self, parents: torch.Tensor) -> torch.Tensor | None:
+        """The copy input of each parent token (NO_COPY where it has not occurred), or None without a copy module."""
+        if not self.module.config.copy:
+            return None
+        get = self._copy_table.get
+        return torch.tensor([get(t, NO_COPY) for t in parents.reshape(-1).tolist()]).view(parents.shape)
 
     def observe(self, ctx: DraftContext) -> None:
         self.base.observe(ctx)
@@ -155,7 +190,7 @@ class TreeFlashDrafter(Drafter):
                          and columns < vocab else None)
         # the tables (D x M x K ids and log-probs) go to the CPU once, for the Python tree builder
         tokens, logp = self._rows(self.base.last_hidden[:D, None].expand(D, M, -1), parents, width or self.children,
-                                  self._columns)
+                                  self._columns, self._copies(parents))
         return parents, tokens.cpu(), logp.cpu()
 
     @torch.inference_mode()
@@ -164,25 +199,52 @@ class TreeFlashDrafter(Drafter):
         `depth` holding `tokens` (token ids [n, width], log-probs [n, width]), as `transitions` computes them."""
         h = self.base.last_hidden[depth].expand(len(tokens), -1)
         columns = self._columns[depth] if self._columns is not None else None
-        ids, logp = self._rows(h, torch.tensor(tokens), width, columns)
+        parents = torch.tensor(tokens)
+        ids, logp = self._rows(h, parents, width, columns, self._copies(parents))
         return ids.cpu().numpy(), logp.cpu().numpy()
 
-    def _rows(self, states: torch.Tensor, parents: torch.Tensor, width: int, columns: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows(self, states: torch.Tensor, parents: torch.Tensor, width: int, columns: torch.Tensor | None = None,
+              copies: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The module's top-`width` children (target token ids, log-probs) for base states [..., H] beside their
-        parent tokens [...].
+        parent tokens [...] (and, for a copy module, their copy tokens [...]).
 
         `columns` (draft ids [N], or [D, N] for states [D, M, H]) restricts the children to a depth's N likeliest
         marginal tokens: the LM head is read for N rows instead of the whole draft vocabulary (in the loop its
-        weights come from memory each step), and the log-probs are normalised over those N."""
+        weights come from memory each step), and the log-probs are normalised over those N (a copy module's rows
+        add their copy token: the marginals rarely rank what the context repeats)."""
         head = self.base.lm_head
         emb = self.base.embed[parents.to(self.base.embed.device)]
-        out = self.module(states, emb.to(states.dtype))
-        logits = head(out) if columns is None else out @ head.weight[columns].transpose(-1, -2)
+        copy = None if copies is None else token_embeddings(self.base, copies).to(states.dtype)
+        out = self.module(states, emb.to(states.dtype), copy)
+        if columns is None:
+            logits = head(out)
+        else:
+            logits = out @ head.weight[columns].transpose(-1, -2)
+            columns = columns.unsqueeze(-2).expand(*logits.shape[:-1], -1)  # one row of draft ids per parent
+            if copies is not None:
+                columns, logits = self._copy_column(out, columns, logits, copies)
         top = torch.log_softmax(logits.float(), -1).topk(min(width, logits.shape[-1]), -1)
-        ids = top.indices if columns is None else torch.take_along_dim(
-            columns.unsqueeze(-2).expand(*top.indices.shape[:-1], -1), top.indices, -1)  # -> draft ids
+        ids = top.indices if columns is None else torch.take_along_dim(columns, top.indices, -1)  # -> draft ids
         return head.to_target_ids(ids), top.values
+
+    def _copy_column(self, out: torch.Tensor, columns: torch.Tensor, logits: torch.Tensor, copies: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's columns [..., N] and logits with its copy token appended as column N + 1, at -inf where that
+        token is outside the draft vocabulary or already a column."""
+        head = self.base.lm_head
+        if head.vocab is None:
+            draft = copies.to(out.device)
+        else:
+            if self._to_draft is None:  # target id -> draft id, built once
+                self._to_draft = head.target_to_draft(int(head.vocab.max()) + 1)
+            ids = copies.to(out.device)
+            inside = (ids >= 0) & (ids < len(self._to_draft))
+            draft = torch.where(inside, self._to_draft[ids.clamp(0, len(self._to_draft) - 1)], NO_COPY)
+        logit = (out * head.weight[draft.clamp(min=0)].to(out.dtype)).sum(-1)
+        unusable = (draft < 0) | (columns == draft.unsqueeze(-1)).any(-1)
+        logit = logit.masked_fill(unusable, float("-inf")).to(logits.dtype)
+        return (torch.cat([columns, draft.clamp(min=0).unsqueeze(-1)], -1),
+                torch.cat([logits, logit.unsqueeze(-1)], -1))
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree, scores = self.scored_tree(ctx)
@@ -191,6 +253,7 @@ class TreeFlashDrafter(Drafter):
     def scored_tree(self, ctx: DraftContext) -> tuple[DraftTree, list[float]]:
         """The best-first tree under the budget, and each draft node's cumulative log-prob (best first)."""
         root = ctx.tokens[-1]
+        self._read_context(ctx.tokens)
         lattice = self.lattice(ctx)
         self.last_lattice = lattice
         if lattice is None:

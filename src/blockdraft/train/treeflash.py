@@ -10,7 +10,8 @@ import torch
 from ..drafters.bpd import BPDDrafter
 from ..drafters.checkpoint import drafter_kind, read_config
 from ..drafters.dflash import DFlashDrafter
-from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
+from ..drafters.context_copy import copy_tokens, previous_same
+from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter, token_embeddings
 from ..errors import BlockdraftError
 from .bpd import HeadPositions
 from .dflash import block_batch, block_hidden, pick_anchors
@@ -33,23 +34,39 @@ class TreeFlashTrainConfig:
     max_minutes: float = 0.0
     stop_at_step: int = 0
     seed: int = 0
+    copy: bool = False  # a new module also reads each parent's copy token (drafters/context_copy.py)
 
 
-def module_batch(drafter: DFlashDrafter, store: FeatureStore, a: int, b: int, cols, anchors):
-    """(frozen block states [A, g-1, H], true parent tokens [A, g-1], teacher rows, valid)."""
+class Copies:
+    """The copy tokens of a store's parents (drafters/context_copy.py), or nothing for a module without copy."""
+
+    def __init__(self, store: FeatureStore, on: bool):
+        self.tokens = np.asarray(store.tokens, dtype=np.int64) if on else None
+        self.prev = previous_same(self.tokens, np.asarray(store.starts)) if on else None
+
+    def __call__(self, roots: np.ndarray, rows: np.ndarray) -> torch.Tensor | None:
+        if self.tokens is None:
+            return None
+        return torch.from_numpy(copy_tokens(self.tokens, self.prev, roots, rows))
+
+
+def module_batch(drafter: DFlashDrafter, store: FeatureStore, a: int, b: int, cols, anchors, copies: Copies):
+    """(frozen block states [A, g-1, H], true parent tokens [A, g-1], teacher rows, valid, copy tokens or None)."""
     g = drafter.config.gamma
     feats, roots, pos, allowed, rows, ok = block_batch(store, a, b, cols, g, anchors, drafter.embed.device)
     with torch.no_grad():
         h = block_hidden(drafter.model, drafter.embed, feats, roots, pos, allowed)
-    return h, true_parents(store, rows), rows, ok
+    return h, true_parents(store, rows), rows, ok, copies(anchors + a, rows)  # a block's root is its anchor
 
 
-def heads_module_batch(drafter: BPDDrafter, store: FeatureStore, positions: HeadPositions, col, p: np.ndarray):
-    """The same for BPD heads at state positions p: (frozen head states [B, k, H], parents, rows, valid)."""
+def heads_module_batch(drafter: BPDDrafter, store: FeatureStore, positions: HeadPositions, col, p: np.ndarray,
+                       copies: Copies):
+    """The same for BPD heads at state positions p: (frozen head states [B, k, H], parents, rows, valid,
+    copies)."""
     rows, ok = positions.batch(p)
     with torch.no_grad():
         h = drafter.model(store.read(p, col, drafter.embed.device))
-    return h, true_parents(store, rows), rows, ok
+    return h, true_parents(store, rows), rows, ok, copies(p + 1, rows)  # the state at p is read with root p + 1
 
 
 def true_parents(store: FeatureStore, rows: np.ndarray) -> torch.Tensor:
@@ -59,6 +76,10 @@ def true_parents(store: FeatureStore, rows: np.ndarray) -> torch.Tensor:
 
 def parent_embeddings(base, parents: torch.Tensor) -> torch.Tensor:
     return base.embed[parents.to(base.embed.device)]
+
+
+def copy_embeddings(base, copies: torch.Tensor | None) -> torch.Tensor | None:
+    return None if copies is None else token_embeddings(base, copies)
 
 
 def load_base(folder, target):
@@ -75,19 +96,21 @@ def load_base(folder, target):
 
 def batch_source(base, store: FeatureStore, cfg: "TreeFlashTrainConfig"):
     """What one epoch permutes for either base, items per batch, and batch(items, rng) -> (states, parents,
-    teacher rows, valid), or None for a sequence without anchors."""
+    teacher rows, valid, copies), or None for a sequence without anchors."""
+    copies = Copies(store, cfg.copy)
     if isinstance(base, BPDDrafter):
         positions = HeadPositions(store, base.config.num_heads)
         col = store.layer_slice(base.feature_layers)
         size = max(1, min(cfg.batch, len(positions.candidates)))
-        return positions.candidates, size, lambda p, rng: heads_module_batch(base, store, positions, col, np.sort(p))
+        return positions.candidates, size, lambda p, rng: heads_module_batch(base, store, positions, col, np.sort(p),
+                                                                             copies)
     cols = store.layer_slice(base.feature_layers)
     seqs = [(a, b) for a, b in store.sequences() if b - a >= 8]
 
     def one_sequence(j, rng):
         a, b = seqs[int(j[0])]
         anchors = pick_anchors(store, a, b, cfg.anchors_per_seq, rng, base.config.gamma)
-        return module_batch(base, store, a, b, cols, anchors) if len(anchors) else None
+        return module_batch(base, store, a, b, cols, anchors, copies) if len(anchors) else None
 
     return np.arange(len(seqs)), 1, one_sequence
 
@@ -124,6 +147,8 @@ def widen(module: ARApproxModule, inner_size: int, name: str = "the AR module") 
     with torch.no_grad():
         wide.norm_parent.weight.copy_(module.norm_parent.weight)
         wide.norm_state.weight.copy_(module.norm_state.weight)
+        if module.norm_copy is not None:
+            wide.norm_copy.weight.copy_(module.norm_copy.weight)
         for proj in ("gate", "up"):
             old, new = getattr(module, proj).weight, getattr(wide, proj).weight
             new[:n] = old
@@ -150,10 +175,13 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
         module = TreeFlashDrafter.from_pretrained(cfg.init_module, target, base).module.float().train()
         module = widen(module, cfg.inner_size or module.config.inner_size, cfg.init_module)
         module.config.block_drafter = str(cfg.init)
+        if cfg.copy and not module.config.copy:
+            raise BlockdraftError(f"--copy: '{cfg.init_module}' reads no copy tokens; train a new module with --copy")
+        cfg = replace(cfg, copy=module.config.copy)  # a copy module is fine-tuned as one
     else:
         inner = cfg.inner_size or ARApproxConfig.inner_size
         module = ARApproxModule(ARApproxConfig(target.hidden_size, inner, block_drafter=str(cfg.init),
-                                               base_kind=base.kind)).to(target.device)
+                                               base_kind=base.kind, copy=cfg.copy)).to(target.device)
     drafter = TreeFlashDrafter(base, module)
     t2d = base.lm_head.target_to_draft(target.vocab_size)
     depth = base.config.gamma - 1 if isinstance(base, DFlashDrafter) else base.config.num_heads
@@ -169,9 +197,9 @@ def train_treeflash(target, store: FeatureStore, valid: FeatureStore | None, out
             batch = make(chosen, rng)
             if batch is None:
                 continue
-            h, parents, rows, ok = batch
+            h, parents, rows, ok, copies = batch
             with mixed_precision(target):
-                logits = base.lm_head(module(h, parent_embeddings(base, parents)))
+                logits = base.lm_head(module(h, parent_embeddings(base, parents), copy_embeddings(base, copies)))
                 loss = distill_loss(logits, Teacher.gather(store, rows, t2d), ok.float() * weights)
             if not trainer.step(loss):
                 break
@@ -194,10 +222,10 @@ def evaluate_treeflash(drafter: TreeFlashDrafter, store: FeatureStore, seed: int
                        max_batches: int | None = None) -> DraftMetrics:
     """Per-depth top-1 agreement given the true parent (what a tree can exploit), on held-out data."""
     base = drafter.base
-    cfg = TreeFlashTrainConfig(anchors_per_seq=16, batch=256)
+    cfg = TreeFlashTrainConfig(anchors_per_seq=16, batch=256, copy=drafter.module.config.copy)
     metrics = DraftMetrics()
-    for h, parents, rows, ok in one_pass(base, store, cfg, np.random.default_rng(seed), max_batches):
-        logits = base.lm_head(drafter.module(h, parent_embeddings(base, parents)))
+    for h, parents, rows, ok, copies in one_pass(base, store, cfg, np.random.default_rng(seed), max_batches):
+        logits = base.lm_head(drafter.module(h, parent_embeddings(base, parents), copy_embeddings(base, copies)))
         draft = base.lm_head.to_target_ids(logits.argmax(-1))
         teacher_top1 = torch.from_numpy(np.asarray(store.topk_ids[rows.reshape(-1), 0], dtype=np.int64))
         metrics.add(draft, teacher_top1.view(rows.shape), ok)
