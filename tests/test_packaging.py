@@ -56,3 +56,19 @@ def test_spec_bench_questions_ship_as_package_data():
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["blockdraft"]
     assert any(SPEC_BENCH.relative_to(SRC).match(g) for g in globs), "question.jsonl is not in package-data"
     assert (SPEC_BENCH.parent / "NOTICE.md").is_file()
+
+
+def test_shipped_checkpoints_fit_the_package_budget_and_name_their_target():
+    """All shipped checkpoints together stay under 60 MB, and each folder's config records the target it is under
+    (CHECKPOINTS/<target>/<method>), so a drafter copied under the wrong target fails here, not at a user's load."""
+    import json
+
+    from blockdraft.methods import CHECKPOINTS
+
+    configs = sorted(CHECKPOINTS.glob("*/*/config.json"))
+    assert len(configs) >= 6, "the scan found too few checkpoints: it is broken"
+    total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
+    assert total < 60_000_000, f"shipped checkpoints take {total / 1e6:.1f} MB, over the 60 MB budget"
+    for config in configs:
+        recorded = json.loads(config.read_text()).get("target", {})
+        assert recorded.get("name") == config.parent.parent.name, f"{config}: trained for {recorded.get('name')}"
