@@ -1,10 +1,11 @@
-"""Drafters that exist only to stress the verifier: random trees and sampled chains with real q."""
+"""Drafters that exist only to stress the verifier (random trees, sampled chains with real q) or the server."""
 
 from __future__ import annotations
 
 import torch
 
 from blockdraft import DraftTree, Drafter
+from blockdraft.drafters import PromptLookupDrafter
 
 
 class RandomTreeDrafter(Drafter):
@@ -94,3 +95,29 @@ class KnownAcceptanceDrafter(Drafter):
         draft = seq[len(ctx.tokens):]
         draft[-1] = (draft[-1] + 1) % self.model.config.vocab_size  # not what the target wants
         return DraftTree.chain(ctx.tokens[-1], draft)
+
+
+class FailingDrafter(PromptLookupDrafter):
+    """Prompt lookup that raises at one stage of a generation: `fork` (the server admitting a request), `reset`
+    (after the prompt's prefill) or `propose` (at its `after`+1-th step), to prove one request's failure is its own."""
+
+    def __init__(self, stage: str, after: int = 2):
+        self.stage, self.after, self.proposed = stage, after, 0  # before the base's __init__, which resets
+        super().__init__()
+
+    def fork(self) -> "FailingDrafter":
+        if self.stage == "fork":
+            raise RuntimeError("simulated fork failure")
+        return super().fork()
+
+    def reset(self, prompt_ids) -> None:
+        if self.stage == "reset" and prompt_ids:  # (the base's __init__ resets with no prompt)
+            raise RuntimeError("simulated reset failure")
+        super().reset(prompt_ids)
+        self.proposed = 0
+
+    def propose(self, ctx):
+        self.proposed = self.proposed + 1  # assigned anew, never mutated: forks keep their own count
+        if self.stage == "propose" and self.proposed > self.after:
+            raise RuntimeError("simulated propose failure")
+        return super().propose(ctx)

@@ -246,22 +246,39 @@ def test_fork_shares_weights_but_not_state():
     assert tree.base.gain[2] != 0.0
 
 
-def test_a_failing_drafter_ends_only_its_own_sequence():
+@pytest.mark.parametrize("stage", ["reset", "propose", "sampling"])
+def test_a_failure_of_one_sequence_ends_only_that_sequence(stage):
+    """Its drafter raising in reset (as it starts decoding) or in propose, or its distribution turning NaN (a
+    temperature that overflows the logits): that sequence ends with the error, in the middle of the batch (the
+    others' slots move), and the others' outputs are still their own."""
+    from blockdraft.verify import SamplingParams
+
     class Broken(NoDrafter):
+        def reset(self, prompt_ids):
+            if stage == "reset":
+                raise RuntimeError("drafter bug")
+
         def propose(self, ctx):
-            if len(ctx.tokens) > 8:
+            if stage == "propose" and len(ctx.tokens) > 8:
                 raise RuntimeError("drafter bug")
             return super().propose(ctx)
 
-    decoder = BatchDecoder(make_target(), max_batch=2)
-    bad = decoder.add(prompt(6, 0), Broken(), max_new_tokens=20)
-    good = decoder.add(prompt(7, 1), NoDrafter(), max_new_tokens=20)
+    decoder = BatchDecoder(make_target(), max_batch=3)
+    good = [decoder.add(prompt(7, 1), NoDrafter(), max_new_tokens=20)]
+    params = SamplingParams(temperature=1e-300) if stage == "sampling" else None
+    bad = decoder.add(prompt(6, 0), Broken(), params, max_new_tokens=20)
+    good.append(decoder.add(prompt(5, 2), NoDrafter(), max_new_tokens=20))
     ended = []
     while decoder.active:
         ended += decoder.step()
-    assert bad in ended and isinstance(bad.error, RuntimeError) and bad.result is None
-    want = SpeculativeDecoder(make_target(), NoDrafter()).generate(prompt(7, 1), 20)
-    assert good.error is None and good.result.tokens == want.tokens
+    assert bad in ended and bad.result is None
+    if stage == "sampling":
+        assert isinstance(bad.error, BlockdraftError) and "not finite" in str(bad.error)
+    else:
+        assert isinstance(bad.error, RuntimeError) and str(bad.error) == "drafter bug"
+    for seq, (n, seed) in zip(good, [(7, 1), (5, 2)], strict=True):
+        want = SpeculativeDecoder(make_target(), NoDrafter()).generate(prompt(n, seed), 20)
+        assert seq.error is None and seq.result.tokens == want.tokens
 
 
 def test_fork_reaches_drafters_inside_containers():

@@ -16,6 +16,7 @@ from blockdraft.serve import create_app  # noqa: E402
 from serve_fixtures import chat_target  # noqa: E402
 
 PROMPT = "abc abc abc ab"
+SERVED = "lookup,ar,lookup:max_branches=2"  # what the operator loads: requests pick among these
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def reference():
 
 @pytest.fixture(scope="module", params=[1, 8], ids=["one-at-a-time", "batched"])
 def client(target, request):
-    with TestClient(create_app(target, "lookup", max_batch=request.param)) as c:
+    with TestClient(create_app(target, SERVED, max_batch=request.param)) as c:
         yield c
 
 
@@ -101,10 +102,32 @@ def test_method_per_request(client):
     body = {"prompt": PROMPT, "max_tokens": 30}
     ar = client.post("/v1/completions", json={**body, "method": "ar"}).json()
     lookup = client.post("/v1/completions", json={**body, "method": "lookup:max_branches=2"}).json()
+    default = client.post("/v1/completions", json=body).json()
     assert ar["blockdraft"]["method"] == "ar" and ar["blockdraft"]["target_calls"] == 30  # one token per call
     assert lookup["blockdraft"]["method"] == "lookup:max_branches=2"
+    assert default["blockdraft"]["method"] == "lookup"  # the first served spec
     assert lookup["blockdraft"]["target_calls"] < 30
-    assert lookup["choices"][0]["text"] == ar["choices"][0]["text"]  # lossless either way
+    assert lookup["choices"][0]["text"] == ar["choices"][0]["text"] == default["choices"][0]["text"]  # lossless
+
+
+@pytest.mark.parametrize("method", ["suffix", "lookup:max_branches=3", "hybrid:weights=x", "rest:datastore=/etc",
+                                    "bpd:checkpoint=/tmp", " "])
+def test_a_method_the_server_did_not_load_is_refused_naming_the_served_ones(client, method):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "method": method})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "method"
+    if method.strip():
+        assert error["code"] == "invalid_method" and SERVED.replace(",", ", ") in error["message"]
+    assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
+
+
+def test_a_method_name_picks_its_one_served_spec(target):
+    with TestClient(create_app(target, "ar,lookup:max_branches=2")) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "method": "lookup"}).json()
+        assert r["blockdraft"]["method"] == "lookup:max_branches=2"
+        models = c.get("/v1/models").json()["data"][0]["blockdraft"]
+        assert models == {"default_method": "ar", "methods": ["ar", "lookup:max_branches=2"]}
 
 
 def test_stop_string_cuts_the_text(client, reference):
@@ -130,7 +153,7 @@ def test_sampling_with_a_seed_is_reproducible(client):
 def test_models_health_metrics(client):
     models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny-llama"]
-    assert "treeflash" in models["data"][0]["blockdraft"]["methods"]
+    assert models["data"][0]["blockdraft"]["methods"] == SERVED.split(",")
     assert client.get("/health").json()["status"] == "ok"
     client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 30, "method": "ar"})
     text = client.get("/metrics").text
@@ -177,6 +200,16 @@ BAD_REQUESTS = [
     ({"prompt": PROMPT, "max_tokens": "ten"}, 400, "max_tokens", None),
     ({"prompt": PROMPT, "temperature": -0.5}, 400, "temperature", None),
     ({"prompt": PROMPT, "temperature": "hot"}, 400, "temperature", None),
+    ({"prompt": PROMPT, "temperature": 1e-300}, 400, "temperature", None),  # logits / T: infinities, NaN
+    ({"prompt": PROMPT, "temperature": 1e300}, 400, "temperature", None),
+    (b'{"prompt": "abc", "temperature": NaN}', 400, "temperature", None),
+    (b'{"prompt": "abc", "top_p": NaN}', 400, "top_p", None),
+    (b'{"prompt": "abc", "temperature": Infinity}', 400, "temperature", None),
+    ({"prompt": PROMPT, "seed": 2**64}, 400, "seed", None),
+    ({"prompt": PROMPT, "seed": -(2**63) - 1}, 400, "seed", None),
+    ({"prompt": PROMPT, "seed": 1.5}, 400, "seed", None),
+    ({"prompt": PROMPT, "stop": ["a" * 257]}, 400, "stop", None),
+    ({"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
     ({"prompt": PROMPT, "top_p": 0}, 400, "top_p", None),
     ({"prompt": PROMPT, "top_p": 1.5}, 400, "top_p", None),
     ({"prompt": PROMPT, "n": 2}, 400, "n", None),
@@ -282,7 +315,7 @@ def test_a_launch_method_that_drafts_on_the_targets_cache_is_served_one_request_
     launched with it decodes requests one at a time instead of refusing each, and its output is still greedy's."""
     ids = reference.encode(PROMPT, chat_template=False)
     want = greedy(reference, ids, 40)
-    with TestClient(create_app(target, "quantized", max_batch=8)) as c:
+    with TestClient(create_app(target, "quantized,lookup", max_batch=8)) as c:
         for method in (None, "lookup"):
             extra = {} if method is None else {"method": method}
             r = c.post("/v1/completions", json={"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 40, **extra})
@@ -292,14 +325,26 @@ def test_a_launch_method_that_drafts_on_the_targets_cache_is_served_one_request_
         assert c.app.state.scheduler._prepared and c.app.state.scheduler.batch is None  # not the batch decoder
 
 
-def test_unknown_launch_method_fails_at_startup(target):
-    from blockdraft.serve.schemas import APIError
+@pytest.mark.parametrize("spec,words", [("nope", "unknown method 'nope'"),
+                                        ("lookup,nope", "unknown method 'nope'"),
+                                        ("hybrid:sources=suffix+recycle:weights=x", "bad option for method 'hybrid'"),
+                                        ("lookup,lookup", "given twice"), (",", "no method to serve")])
+def test_a_launch_method_that_cannot_be_built_fails_at_startup(target, spec, words):
+    from blockdraft.errors import BlockdraftError
 
-    with pytest.raises(APIError, match="unknown method 'nope'"):
-        create_app(target, "nope")
+    with pytest.raises(BlockdraftError, match=words):
+        create_app(target, spec)
+
+
+def test_extreme_but_valid_values_are_served(client):
+    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.01, "seed": 2**64 - 1, "stop": ["z" * 256]}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert client.post("/v1/completions", json={**body, "seed": -(2**63), "top_k": 10**30}).status_code == 200
 
 
 @pytest.mark.parametrize("args,words", [(["--method", "nope"], "unknown method 'nope'"),
+                                        (["--method", "lookup,nope"], "unknown method 'nope'"),
+                                        (["--max-queue", "0"], "--max-queue"),
                                         (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch"),
                                         (["--prefix-cache-mb", "-1"], "--prefix-cache-mb"),
                                         (["--prefix-cache-mb", "lots"], "--prefix-cache-mb")])
@@ -327,7 +372,7 @@ def test_serve_command_refuses_a_port_in_use(capsys):
 
 
 @pytest.mark.parametrize("max_batch", [1, 2])
-def test_request_options_cannot_grow_a_tree_beyond_the_cap(target, reference, max_batch):
+def test_served_options_cannot_grow_a_tree_beyond_the_cap(target, reference, max_batch):
     import random
 
     from blockdraft.drafters import DraftContext
@@ -340,8 +385,8 @@ def test_request_options_cannot_grow_a_tree_beyond_the_cap(target, reference, ma
     ids = reference.encode(prompt, chat_template=False)
     uncapped = make_drafter(method, reference).propose(DraftContext(ids, None, 39))
     assert len(uncapped) > 2 * MAX_TREE_NODES  # what the options ask for
-    with TestClient(create_app(target, "lookup", max_batch=max_batch)) as c:
-        r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 40, "method": method}).json()
+    with TestClient(create_app(target, method, max_batch=max_batch)) as c:
+        r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 40}).json()
     stats = r["blockdraft"]
     assert stats["tree_nodes"] <= stats["target_calls"] * MAX_TREE_NODES
     assert r["choices"][0]["text"] == greedy(reference, ids, 40).text  # cut trees, same output

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
@@ -16,39 +15,7 @@ from blockdraft.decoding import SpeculativeDecoder  # noqa: E402
 from blockdraft.drafters import NoDrafter  # noqa: E402
 from blockdraft import Target  # noqa: E402
 from blockdraft.model.batch_engine import BatchEngine  # noqa: E402
-from serve_fixtures import chat_target, running_server  # noqa: E402
-
-STEP_S = 0.02  # an artificially slow target: every verification pass sleeps this long
-HANG_S = 60  # how long a test waits for the server to do something before it calls it hung (not a speed limit)
-
-
-def slow_down(monkeypatch, seconds: float = STEP_S) -> list:
-    """Every verification pass sleeps `seconds`: one at a time (Target.verify) and batched (BatchEngine.forward).
-    Returns the list the passes are counted in (one entry each)."""
-    passes = []
-    for cls, name in ((Target, "verify"), (BatchEngine, "forward")):
-        original = getattr(cls, name)
-
-        def slow(*args, _original=original, **kw):
-            passes.append(1)
-            time.sleep(seconds)
-            return _original(*args, **kw)
-
-        monkeypatch.setattr(cls, name, slow)
-    return passes
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: nothing after {HANG_S} s, the server hangs"
-        time.sleep(0.05)
-
-
-def metric(url: str, name: str) -> float:
-    lines = httpx.get(url + "/metrics").text.splitlines()
-    samples = dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
-    return float(samples.get(name, 0))
+from serve_fixtures import HANG_S, chat_target, metric, running_server, slow_down, wait_until  # noqa: E402
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])

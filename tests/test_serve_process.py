@@ -31,7 +31,8 @@ def server(tmp_path_factory):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "blockdraft.cli", "serve", "--target", str(folder), "--port",
-                             str(port), "--max-batch", "4", "--api-key", KEY, "--dtype", "float32", "--threads", "1"],
+                             str(port), "--max-batch", "4", "--api-key", KEY, "--dtype", "float32", "--threads", "1",
+                             "--method", "lookup,ar"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300  # the engine compiles at load (--compile is the default)

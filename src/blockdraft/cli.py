@@ -215,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (and a playground page at /)")
     s.add_argument("--method", default="lookup",
-                   help="the method of requests that name none in their 'method' field (default lookup)")
+                   help="the methods served, loaded at start: NAME[:key=value...] specs separated by commas (hybrid's "
+                        "sources joined by '+'); the first is the default, a request's 'method' field picks another "
+                        "by its spec or name (default lookup)")
     s.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     add_precision_args(s)
     s.add_argument("--host", default="127.0.0.1",
@@ -223,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     s.add_argument("--max-batch", type=positive_int, default=8,
                    help="sequences decoded together (default 8; 1 = one request at a time)")
+    s.add_argument("--max-queue", type=positive_int, default=64,
+                   help="requests that may wait for a slot beyond the --max-batch decoding; past it the server "
+                        "answers 429 (default 64)")
     s.add_argument("--prefix-cache-mb", type=_megabytes, default=256,
                    help="memory for the KV entries of finished requests, reused by prompts that start alike "
                         "(a conversation's next turn, a shared system prompt); default 256, 0 = off")
@@ -235,7 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     exports = {m.name: m.exporter for m in METHODS.values() if m.exporter}
     as_vllm = ", ".join(f"{name} as vLLM's {vllm}" for name, vllm in exports.items())
     x = sub.add_parser("export", help=f"write a drafter in vLLM's format: {as_vllm}")
-    x.add_argument("out", metavar="DIR", help="output folder (config.json + model.safetensors)")
+    x.add_argument("out", metavar="DIR", help="output folder (config.json + model.safetensors): new or empty")
+    x.add_argument("--force", action="store_true",
+                   help="export into a non-empty folder too: an earlier export's config.json and model.safetensors "
+                        "there are replaced, nothing else is touched (never a model's or the source checkpoint's)")
     x.add_argument("--to", required=True, choices=["vllm"], help="the engine whose format to write")
     x.add_argument("--method", default="bpd", choices=list(exports),
                    help=f"the method whose drafter to write (default bpd): {as_vllm}")
@@ -268,19 +276,17 @@ def _port(value: str) -> int:
 def cmd_serve(args) -> int:
     import os
 
-    from .serve.schemas import APIError, check_method
+    from .serve.schemas import served_methods
 
-    try:
-        check_method(args.method, args.method)  # before spending seconds on loading the model
-    except APIError as e:
-        raise BlockdraftError(e.message) from None
+    served_methods(args.method)  # unknown or malformed specs fail before seconds are spent on loading the model
     api_key = args.api_key or os.environ.get("BLOCKDRAFT_API_KEY") or None
     from .serve.server import check_address, run_server
 
     check_address(args.host, args.port)  # a port in use fails now, not after loading the model
     target = load_target(args)
 
-    run_server(target, args.method, args.host, args.port, args.max_batch, api_key, args.prefix_cache_mb)
+    run_server(target, args.method, args.host, args.port, args.max_batch, api_key, args.prefix_cache_mb,
+               args.max_queue)
     return 0
 
 
@@ -430,7 +436,7 @@ def cmd_export(args) -> int:
 
     # float32 on the CPU: the LM head rows written out are the target's own, unrounded
     target = load_model(args.target, "float32", "cpu")
-    out = export_vllm(args.out, args.method, target, args.checkpoint)
+    out = export_vllm(args.out, args.method, target, args.checkpoint, force=args.force)
     n = json.loads((out / "config.json").read_text())
     depth = n.get("num_heads") or n.get("block_size", 1) - 1
     vllm_method = METHODS[args.method].exporter

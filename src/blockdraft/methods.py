@@ -298,7 +298,7 @@ def make_drafter(method: str, target: Target, **options) -> Drafter:
         raise BlockdraftError(f"int8 must be true, false or auto, got '{int8}'")
     try:
         drafter = METHODS[name].factory(target, **options)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # an unknown option, or a value of the wrong kind (weights=x)
         raise BlockdraftError(f"bad option for method '{name}': {e}") from None
     drafter.name = method
     prepack_linears(drafter, int8)  # decoding only: training builds its modules elsewhere

@@ -170,25 +170,38 @@ class BatchDecoder:
         if hidden:
             seq.prompt_features.append(torch.cat([h[0, :n] for h in hidden], -1))
 
-    def _start_decoding(self) -> None:
+    def _start_decoding(self) -> list[BatchSequence]:
         """Move the waiting sequences whose prompt is in the cache (in slot order) to decoding; with nothing
-        decoding, the first one's prompt is prefilled now, in a pass of its own."""
+        decoding, the first one's prompt is prefilled now, in a pass of its own. Returns the sequences that
+        failed on the way (their prefill or their drafter's reset raised): they have left the batch."""
+        failed = []
         while self.waiting:
-            seq = self._next_in_line()
-            if self._unprefilled(seq) and not self.decoding:
-                self._prefill_alone(seq)
-            if self._unprefilled(seq):
-                return
-            self.decoding.append(self.waiting.pop(0))
-            if seq.prompt_features:
-                seq.features = torch.cat(seq.prompt_features)
-                seq.prompt_features = []
-            if seq.feature_history is not None and seq.features is not None:
-                seq.feature_history.append(seq.features)
-            if self.prefix_cache is not None:
-                self._remember(seq)  # (a prompt the cache held whole is not stored twice: see PrefixCache.store)
-            seq.drafter.reset(seq.prompt_ids)
+            seq = self.waiting[0]
+            try:
+                self._next_in_line()
+                if self._unprefilled(seq) and not self.decoding:
+                    self._prefill_alone(seq)
+                if self._unprefilled(seq):
+                    break
+                self.decoding.append(self.waiting.pop(0))
+                if seq.prompt_features:
+                    seq.features = torch.cat(seq.prompt_features)
+                    seq.prompt_features = []
+                if seq.feature_history is not None and seq.features is not None:
+                    seq.feature_history.append(seq.features)
+                if self.prefix_cache is not None:
+                    self._remember(seq)  # (a prompt the cache held whole is not stored twice: see PrefixCache.store)
+                seq.drafter.reset(seq.prompt_ids)
+            except Exception as e:  # one request's prompt or drafter fails it alone, not the batch
+                self._fail(seq, e, failed)
+                continue
             seq.stats.prefill_s = time.perf_counter() - seq.started  # waiting for its chunks included
+        return failed
+
+    def _fail(self, seq: BatchSequence, error: Exception, failed: list[BatchSequence]) -> None:
+        seq.error = error
+        self.remove(seq)
+        failed.append(seq)
 
     def remove(self, seq: BatchSequence) -> None:
         """Drop a sequence (finished or cancelled); the slots stay contiguous: the last decoding sequence
@@ -210,9 +223,10 @@ class BatchDecoder:
 
     def step(self) -> list[BatchSequence]:
         """One draft-verify-accept-commit round for every active sequence. Returns the ones that finished
-        (they have left the batch): `result` set, or `error` where their drafter raised."""
-        self._start_decoding()
-        failed = []
+        (they have left the batch): `result` set, or `error` where something of their own raised (their drafter's
+        reset or propose, their prompt's prefill alone, their acceptor, their on_tokens): the others go on. Only the
+        shared forward's failure fails the step."""
+        failed = self._start_decoding()
         batch, trees = [], []
         for seq in list(self.decoding):
             cap = self.max_nodes
@@ -221,9 +235,7 @@ class BatchDecoder:
             try:
                 tree = seq.draft(cap)
             except Exception as e:  # one drafter's failure ends its own sequence, not the batch's
-                seq.error = e
-                self.remove(seq)
-                failed.append(seq)
+                self._fail(seq, e, failed)
                 continue
             batch.append(seq)
             trees.append(tree)
@@ -250,20 +262,28 @@ class BatchDecoder:
         verify_s = time.perf_counter() - t1
         self.forwards += 1
 
-        finished = []
+        finished, broken = [], []
         for b, (seq, tree) in enumerate(zip(batch, trees, strict=True)):
             n = len(tree)
-            own = None
-            if seq.drafter.feature_layers:  # this drafter's layers, in its order, at every node
-                own = torch.cat([hidden[layers.index(layer)][b, :n] for layer in seq.drafter.feature_layers], -1)
-            commit = lambda path, seq=seq, start=starts[b]: self.engine.commit(seq.slot, start, path)  # noqa: E731
-            seq.advance(tree, logits[b, :n], own, commit, verify_s)
-            if seq.feature_history is not None and seq.features is not None:
-                seq.feature_history.append(seq.features)
+            try:
+                own = None
+                if seq.drafter.feature_layers:  # this drafter's layers, in its order, at every node
+                    own = torch.cat([hidden[layers.index(layer)][b, :n] for layer in seq.drafter.feature_layers], -1)
+                commit = lambda path, seq=seq, start=starts[b]: self.engine.commit(seq.slot, start, path)  # noqa: E731
+                seq.advance(tree, logits[b, :n], own, commit, verify_s)
+                if seq.feature_history is not None and seq.features is not None:
+                    seq.feature_history.append(seq.features)
+            except Exception as e:  # its acceptor (NaN probabilities) or its callback: this sequence alone fails
+                seq.error = e
+                broken.append(seq)
+                continue
             if seq.done:
                 finished.append(seq)
+        # removed only now: a removal moves other sequences' slots, and every commit above reads its slot
+        for seq in broken:
+            self.remove(seq)
         for seq in finished:
             if self.prefix_cache is not None:
                 self._remember(seq)
             self.remove(seq)
-        return failed + finished
+        return failed + broken + finished

@@ -14,14 +14,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..methods import METHODS
+from .jobs import DEFAULT_MAX_QUEUE
 from .metrics import Metrics
 from .scheduler import Job, Scheduler
-from .schemas import APIError, GenerationRequest, check_method, parse_generation, parse_json
+from .schemas import APIError, GenerationRequest, parse_generation, parse_json
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any prompt the context can hold, far below a memory problem
 STATIC = Path(__file__).parent / "static"
-DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks whether its client is still there
+DISCONNECT_POLL_S = 0.5  # how often a queued or non-streamed request checks whether its client is still there
 
 
 def _finish_reason(stop_reason: str) -> str:
@@ -73,14 +73,17 @@ class TextDeltas:
         return out
 
 
-def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, own_thread: bool = True, prefix_cache_mb: float = 256) -> FastAPI:
-    """An app serving `target` with speculative method `method` (a request may name another in `method`),
-    decoding up to `max_batch` requests together: on a worker thread the app starts (own_thread), or in a
-    thread of the caller's, which then runs `app.state.scheduler.run()` itself. `prefix_cache_mb`: see BatchDecoder."""
-    check_method(method, method)  # an unknown launch method fails now, not on the first request
+def create_app(target, method="lookup", max_batch: int = 8, api_key: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES, own_thread: bool = True, prefix_cache_mb: float = 256,
+               max_queue: int = DEFAULT_MAX_QUEUE) -> FastAPI:
+    """An app serving `target` with the speculative method specs in `method` ('a,b,...' or a list; the first is
+    the default, a request picks another by its `method` field), their drafters built now (a spec that cannot be
+    built raises BlockdraftError here), decoding up to `max_batch` requests together, with at most `max_queue`
+    waiting: on a worker thread the app starts (own_thread), or in a thread of the caller's, which then runs
+    `app.state.scheduler.run()` itself. `prefix_cache_mb`: see BatchDecoder."""
     metrics = Metrics()
-    scheduler = Scheduler(target, method, metrics, max_batch, own_thread=own_thread, prefix_cache_mb=prefix_cache_mb)
+    scheduler = Scheduler(target, method, metrics, max_batch, own_thread=own_thread, prefix_cache_mb=prefix_cache_mb,
+                          max_queue=max_queue)
     model_name = target.name
 
     @asynccontextmanager
@@ -152,7 +155,7 @@ def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str 
         authorize(request)
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": 0, "owned_by": "blockdraft",
-            "blockdraft": {"default_method": method, "methods": list(METHODS)}}]}
+            "blockdraft": {"default_method": scheduler.default_method, "methods": list(scheduler.methods)}}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -166,20 +169,34 @@ def create_app(target, method: str = "lookup", max_batch: int = 8, api_key: str 
         endpoint = "chat" if chat else "completions"
         try:
             authorize(request)
-            req = parse_generation(target, parse_json(await read_body(request)), method, model_name, chat)
+            req = parse_generation(target, parse_json(await read_body(request)), scheduler.methods, model_name, chat)
             job = Job(req, asyncio.get_running_loop())
-            scheduler.submit(job)
-            kind, payload = await job.next()  # "started", or why it could not start
+            scheduler.submit(job)  # 429 past the queue's bound, 503 when shutting down
+            kind, payload = await until_started(request, job)  # "started", or why it could not start
             if kind == "error":
                 raise payload
         except APIError:
             metrics.count_request(endpoint, "error")
             raise
+        if kind == "cancelled":  # its client went away while it waited: it never decoded
+            metrics.count_request(endpoint, "cancelled")
+            return JSONResponse({}, status_code=499)  # nobody reads it
         reply = Reply(req, model_name, chat)
         if req.stream:
             return StreamingResponse(stream(job, reply, endpoint), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await collect(request, job, reply, endpoint)
+
+    async def until_started(request: Request, job: Job):
+        """The job's first event, while making sure its client is still there: a request waiting in the queue
+        whose client has gone is cancelled, and the worker drops it unread."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.next(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    return "cancelled", None
 
     async def collect(request: Request, job: Job, reply: "Reply", endpoint: str):
         try:

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
-import time
-from collections import OrderedDict
 
 from ..decoding import BatchDecoder, SpeculativeDecoder
 from ..errors import BlockdraftError
 from ..methods import make_drafter
+from .jobs import DEFAULT_MAX_QUEUE, Job, JobQueue, shutting_down
 from .metrics import Metrics
-from .schemas import APIError, GenerationRequest
+from .schemas import APIError, pick_method, served_methods
 
+__all__ = ["Cancelled", "Job", "Scheduler", "MAX_TREE_NODES"]
 log = logging.getLogger("blockdraft.serve")
-MAX_DRAFTERS = 8  # method specs whose drafters stay built
-# Draft tree nodes verified per sequence and step, root included: a request's method options
-# (budget=, num_tokens=, max_branches=) cannot make one forward arbitrarily large. The defaults draft <= 17.
+# Draft tree nodes verified per sequence and step, root included: no method's options can make one forward
+# arbitrarily large. The defaults draft <= 17.
 MAX_TREE_NODES = 128
 
 
@@ -26,47 +24,27 @@ class Cancelled(Exception):
     """Raised inside the decoding loop when the client has gone: it stops the generation and frees the slot."""
 
 
-def shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
-
-
-def _as_api_error(e: Exception) -> APIError:
-    if isinstance(e, BlockdraftError):
-        return APIError(400, str(e))
-    log.error("generation failed", exc_info=e)
+def _internal(e: Exception) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
 
 
-class Job:
-    """One request's life on the worker. The worker reports through `emit`; the HTTP handler awaits `next()`.
+def _as_api_error(e: Exception) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, BlockdraftError):
+        return APIError(400, str(e))
+    log.error("generation failed", exc_info=e)
+    return _internal(e)
 
-    Events: ("started", None) once the drafter is built and the prompt accepted; ("tokens", (ids, accepted))
-    per decoding step, `accepted[i]` True for a draft token the target accepted, False for its own bonus token;
-    then exactly one of ("done", GenerationResult), ("error", APIError), ("cancelled", None).
-    """
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
-        self.request, self.loop = request, loop
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()
-        self.finished = False  # set by the worker after the final event
-        self.queued_at = time.perf_counter()
-
-    def emit(self, kind: str, payload=None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-    def finish(self, kind: str, payload=None) -> None:
-        self.finished = True
-        self.emit(kind, payload)
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    async def next(self):
-        return await self.events.get()
+def build_drafter(spec: str, target):
+    """The drafter of a served method spec, or a BlockdraftError naming the spec and why it cannot be built."""
+    try:
+        return make_drafter(spec, target)
+    except BlockdraftError:
+        raise
+    except Exception as e:  # a bad option value deep in a factory (float('x')), a broken checkpoint
+        raise BlockdraftError(f"method '{spec}' cannot be built: {type(e).__name__}: {e}") from None
 
 
 class Scheduler:
@@ -75,19 +53,23 @@ class Scheduler:
     With `max_batch` > 1 (and a Llama-family target, which the batch engine needs) jobs are decoded by
     continuous batching: a job joins the running batch before the next step as soon as a slot is free and
     leaves it when it stops (`BatchDecoder`). Otherwise one at a time, each with `SpeculativeDecoder`.
-    Drafters are built on first use per method spec and kept (a trained drafter loads its checkpoint once);
-    each generation gets the drafter's per-sequence state afresh. Every job submitted gets a final event,
-    even when its drafter cannot be built, its generation fails or the server shuts down.
+    The served `methods` (specs, or one string of them separated by commas; the first is the default) are
+    built here, once: a request picks among them, and nothing it sends can make the server read a file or
+    compile. Each generation gets its drafter's per-sequence state afresh. At most `max_queue` jobs wait for
+    a slot (past it, 429). Every job submitted gets a final event, even when its generation fails (its own
+    failure: the others go on) or the server shuts down.
     """
 
-    def __init__(self, target, default_method: str, metrics: Metrics | None = None, max_batch: int = 8,
-                 own_thread: bool = True, prefix_cache_mb: float = 256):
-        self.target, self.default_method, self.max_batch = target, default_method, max_batch
+    def __init__(self, target, methods, metrics: Metrics | None = None, max_batch: int = 8,
+                 own_thread: bool = True, prefix_cache_mb: float = 256, max_queue: int = DEFAULT_MAX_QUEUE):
+        self.target, self.max_batch = target, max_batch
+        self.methods = served_methods(methods)
+        self.default_method = self.methods[0]
         self.prefix_cache_mb = prefix_cache_mb  # the batch decoder's (BatchDecoder)
         self.own_thread = own_thread  # False: the caller runs run() itself (blockdraft serve: the main thread)
         self.metrics = metrics or Metrics()
-        self.queue: queue.Queue = queue.Queue()
-        self.drafters: OrderedDict[str, object] = OrderedDict()
+        self.queue = JobQueue(max_queue)
+        self.drafters = {spec: build_drafter(spec, target) for spec in self.methods}
         self.active = 0
         self.batch: BatchDecoder | None = None
         self._prepared = False
@@ -107,8 +89,11 @@ class Scheduler:
         return self._running.is_set() or self._thread.is_alive()
 
     def submit(self, job: Job) -> None:
+        """Queue a job; raises the APIError to answer instead: 429 when the queue is full, 503 when stopping."""
         if self._stopping:
             raise shutting_down()
+        if self._finished.is_set():  # (cannot happen but through a bug: then say so rather than hang)
+            raise APIError(503, "the decoding worker has stopped", kind="server_error", code="worker_stopped")
         self.start()
         self.queue.put(job)
         self._report_load()
@@ -117,7 +102,7 @@ class Scheduler:
         """Stop serving: running generations and queued jobs are answered 'shutting down'; returns when the
         worker has finished (or after `timeout`)."""
         self._stopping = True
-        self.queue.put(None)
+        self.queue.stop()
         if self._running.is_set() or self._thread.is_alive():
             self._finished.wait(timeout)
 
@@ -126,32 +111,20 @@ class Scheduler:
         self.metrics.set_load(self.queue.qsize(), self.active)
 
     def drafter(self, method: str):
-        """The drafter for a method spec, built once; the least recently used goes beyond MAX_DRAFTERS specs,
-        so that clients naming ever new options cannot pile up checkpoints in memory."""
-        if method in self.drafters:
-            self.drafters.move_to_end(method)
-        else:
-            self.drafters[method] = make_drafter(method, self.target)
-            if len(self.drafters) > MAX_DRAFTERS:
-                self.drafters.popitem(last=False)  # sequences decoding with it keep their own fork
-        return self.drafters[method]
+        """The loaded drafter of a served method spec (or of its name alone, when one spec has it)."""
+        return self.drafters[pick_method(method, self.methods)]
 
     def prepare(self) -> None:
-        """Build the batch decoder (on a compiled target this compiles the batched steps: minutes) and the
-        launch method's drafter, so that the first request does not pay for them. Call it in the thread
-        that will run()."""
+        """Build the batch decoder (on a compiled target this compiles the batched steps: minutes), so that the
+        first request does not pay for it. Call it in the thread that will run()."""
         if self._prepared:
             return
         self._prepared = True
-        try:
-            launch_drafter = self.drafter(self.default_method)
-        except BlockdraftError as e:  # answered per request, as for any method
-            launch_drafter = None
-            log.warning("the launch method's drafter cannot be built: %s", e)
-        if launch_drafter is not None and launch_drafter.single_sequence and self.max_batch > 1:
+        single = [m for m in self.methods if self.drafters[m].single_sequence]
+        if single and self.max_batch > 1:
             # what the server was launched to run is served, one request at a time, rather than refused
             log.warning("one request at a time: method '%s' drafts through the target's single-sequence cache",
-                        self.default_method)
+                        single[0])
         elif self.max_batch > 1:
             try:
                 self.batch = BatchDecoder(self.target, self.max_batch, max_nodes=MAX_TREE_NODES,
@@ -166,10 +139,16 @@ class Scheduler:
             self.prepare()
             if on_ready is not None:
                 on_ready()
-            if self.batch is not None:
-                self._work_batched(self.batch)
-            else:
-                self._work_single()
+            while True:
+                try:
+                    if self.batch is not None:
+                        self._work_batched(self.batch)
+                    else:
+                        self._work_single()
+                    break
+                except Exception as e:  # a bug outside any one request's guard: answer those in flight, go on
+                    log.exception("the decoding worker failed; it answers its requests and goes on")
+                    self._fail_active(_internal(e))
             self._drain()
         finally:
             self._running.clear()
@@ -191,11 +170,10 @@ class Scheduler:
                 else:
                     self._admit(batch, job)
             stopping = stopping or self._stopping  # a full batch does not read the queue's stop mark
+            if stopping:
+                self._fail_active(shutting_down())
             for seq in list(batch.active):
-                if stopping:
-                    batch.remove(seq)
-                    seq.tag.finish("error", shutting_down())
-                elif seq.tag.cancelled.is_set():  # its client went away: free the slot now
+                if seq.tag.cancelled.is_set():  # its client went away: free the slot now
                     batch.remove(seq)
                     seq.tag.finish("cancelled")
             self.active = len(batch.active)
@@ -205,12 +183,9 @@ class Scheduler:
             size = len(batch.active)
             try:
                 finished = batch.step()
-            except Exception as e:  # every sequence of the failed step gets an answer; the worker goes on
+            except Exception as e:  # the shared forward failed: each sequence in it gets an answer, the worker goes on
                 log.exception("batched step failed")
-                for seq in list(batch.active):
-                    batch.remove(seq)
-                    seq.tag.finish("error", APIError(500, f"internal error: {type(e).__name__}: {e}",
-                                                     kind="server_error"))
+                self._fail_active(_internal(e))
                 continue
             self.metrics.count_batch(size)
             if batch.prefix_cache is not None:
@@ -228,29 +203,27 @@ class Scheduler:
         self.active = 0
         self._report_load()
 
+    def _fail_active(self, error: APIError) -> None:
+        """End every sequence in the batch with `error` (the server stops, or a failure no sequence owns)."""
+        for seq in list(self.batch.active if self.batch is not None else ()):
+            self.batch.remove(seq)
+            if not seq.tag.finished:
+                seq.tag.finish("error", error)
+
     def _admit(self, batch: BatchDecoder, job: Job) -> None:
         """Take a job into the batch (the next steps prefill its prompt, then decode it), or answer why not."""
         if job.cancelled.is_set():
             job.finish("cancelled")
             return
         req = job.request
-        try:
-            drafter = self.drafter(req.method)
-        except BlockdraftError as e:
-            job.finish("error", APIError(400, str(e), param="method", code="invalid_method"))
-            return
         # Only a stream reads each step's tokens: a non-streamed reply waits for "done", and every event
         # wakes the event loop, whose thread then competes with this one for the GIL
         on_tokens = (lambda ids, accepted: job.emit("tokens", (ids, accepted))) if req.stream else None
         try:
-            batch.add(req.prompt_ids, drafter, req.params, req.max_tokens, req.stop, req.seed,
+            batch.add(req.prompt_ids, self.drafter(req.method), req.params, req.max_tokens, req.stop, req.seed,
                       on_tokens=on_tokens, tag=job)
-        except BlockdraftError as e:
-            job.finish("error", APIError(400, str(e)))
-            return
-        except Exception as e:
-            log.exception("admission failed")
-            job.finish("error", APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+        except Exception as e:  # its drafter's fork, its seed, ...: this request alone is refused
+            job.finish("error", _as_api_error(e))
             return
         job.emit("started")
 
@@ -264,9 +237,8 @@ class Scheduler:
             self._report_load()
             try:
                 kind, payload = self._run(job)
-            except Exception as e:  # a bug must not kill the worker: this job fails, the next one runs
-                log.exception("generation failed")
-                kind, payload = "error", APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+            except Exception as e:  # its drafter or its sampling failed: this job fails, the next one runs
+                kind, payload = "error", _as_api_error(e)
             # the slot is free before the client hears the end, so /health and /metrics agree with it
             self.active = 0
             self._report_load()
@@ -274,13 +246,8 @@ class Scheduler:
 
     def _drain(self) -> None:
         """Answer whatever is still queued at shutdown."""
-        while True:
-            try:
-                job = self.queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                job.finish("error", shutting_down())
+        for job in self.queue.drain():
+            job.finish("error", shutting_down())
 
     def _run(self, job: Job) -> tuple[str, object]:
         """Decode one job; returns its final event."""
@@ -289,11 +256,7 @@ class Scheduler:
         if job.cancelled.is_set():
             return "cancelled", None
         req = job.request
-        try:
-            decoder = SpeculativeDecoder(self.target, self.drafter(req.method), req.params,
-                                         max_nodes=MAX_TREE_NODES)
-        except BlockdraftError as e:
-            return "error", APIError(400, str(e), param="method", code="invalid_method")
+        decoder = SpeculativeDecoder(self.target, self.drafter(req.method), req.params, max_nodes=MAX_TREE_NODES)
         job.emit("started")
 
         def on_tokens(ids: list[int]) -> None:
@@ -308,8 +271,6 @@ class Scheduler:
             result = decoder.generate(req.prompt_ids, req.max_tokens, req.stop, req.seed, on_tokens=on_tokens)
         except Cancelled:
             return ("error", shutting_down()) if self._stopping else ("cancelled", None)
-        except BlockdraftError as e:
-            return "error", APIError(400, str(e))
         s = result.stats
         self.metrics.count_generation(req.method, len(req.prompt_ids), s.new_tokens, s.target_calls,
                                       dict(s.accepted_hist))

@@ -8,9 +8,16 @@ from dataclasses import dataclass, field
 
 from ..errors import BlockdraftError
 from ..methods import check_method as registered
+from ..methods import parse_method
 from ..verify import SamplingParams
 
 DEFAULT_MAX_TOKENS = 128  # as `blockdraft generate --max-new-tokens`; always capped by the context
+# A tiny positive temperature divides float32 logits into infinities and the softmax into NaN (1e-300 does;
+# verify/sampling.py then fails the request at its first step). vLLM clamps anything below 0.01 to 0.01: refused
+# here instead, naming the bound, since 0 asks for greedy decoding.
+MIN_TEMPERATURE = 0.01
+MAX_STOPS, MAX_STOP_CHARS = 4, 256  # a stream holds back up to the longest stop string's length
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 class APIError(Exception):
@@ -64,15 +71,25 @@ def _number(body: dict, name: str, default, low: float, high: float, low_open: b
     return value
 
 
-def _integer(body: dict, name: str, default=None, low: int | None = None):
+def _integer(body: dict, name: str, default=None, low: int | None = None, high: int | None = None):
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise APIError(400, f"'{name}' must be an integer, got {json.dumps(value)}", param=name)
-    if low is not None and value < low:
-        raise APIError(400, f"'{name}' must be at least {low}, got {value}", param=name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bound = (f"at least {low}" if high is None else f"at most {high}" if low is None
+                 else f"an integer from {low} to {high}")
+        raise APIError(400, f"'{name}' must be {bound}, got {value}", param=name)
     return value
+
+
+def _temperature(body: dict) -> float:
+    t = float(_number(body, "temperature", 0.0, 0.0, 2.0))  # OpenAI's range; 0 = greedy
+    if 0 < t < MIN_TEMPERATURE:
+        raise APIError(400, f"'temperature' must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {t}: tiny ones "
+                            "overflow the target's logits into infinities", param="temperature")
+    return t
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -81,22 +98,47 @@ def _stop(body: dict) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-        raise APIError(400, "'stop' must be a string or a list of at most 4 strings", param="stop")
+    if not isinstance(stop, list) or len(stop) > MAX_STOPS or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, f"'stop' must be a string or a list of at most {MAX_STOPS} strings", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        longest = max(len(s) for s in stop)
+        raise APIError(400, f"each 'stop' string may have at most {MAX_STOP_CHARS} characters, got {longest}",
+                       param="stop")
     return tuple(s for s in stop if s)
 
 
-def check_method(spec, default: str) -> str:
-    """The per-request `method` field (a blockdraft extension), else the server's launch method."""
+def served_methods(methods) -> tuple[str, ...]:
+    """The method specs a server loads, from `--method a,b,...` (or a list): each registered, none twice, the
+    first the default. Raises BlockdraftError naming what is wrong. Commas separate specs, so hybrid's sources
+    are joined by '+' here, as in bench's --methods."""
+    specs = methods.split(",") if isinstance(methods, str) else list(methods)
+    specs = [s.strip() for s in specs if isinstance(s, str) and s.strip()]
+    if not specs:
+        raise BlockdraftError(f"no method to serve in {methods!r}: give --method NAME[,NAME...]")
+    for spec in specs:
+        registered(spec)  # the registry's own check: a malformed spec or an unknown name, in one line
+    twice = sorted({s for s in specs if specs.count(s) > 1})
+    if twice:
+        raise BlockdraftError(f"method {twice[0]!r} is given twice in --method")
+    return tuple(specs)
+
+
+def pick_method(spec, served: tuple[str, ...]) -> str:
+    """The per-request `method` field (a blockdraft extension) resolved among the served specs: the exact spec,
+    or its name alone when one served spec has that name; none given: the first served (the default)."""
     if spec is None:
-        return default
+        return served[0]
     if not isinstance(spec, str) or not spec.strip():
         raise APIError(400, "'method' must be a method name such as 'lookup'", param="method")
-    try:
-        registered(spec)  # the registry's own check: a malformed spec or an unknown name, in one line
-    except BlockdraftError as e:
-        raise APIError(400, str(e), param="method", code="invalid_method") from None
-    return spec.strip()
+    spec = spec.strip()
+    if spec in served:
+        return spec
+    named = [s for s in served if parse_method(s)[0] == spec]
+    if len(named) == 1:
+        return named[0]
+    why = f"'{spec}' names several of them" if named else f"method '{spec}' is not served here"
+    raise APIError(400, f"{why}: choose one of {', '.join(served)} (the methods and their options are the "
+                        "server's choice: blockdraft serve --method A,B,...)", param="method", code="invalid_method")
 
 
 def _prompt_ids(target, body: dict) -> list[int]:
@@ -156,8 +198,9 @@ def _refuse_unsupported(body: dict) -> None:
                                 "tokens and distribution, and nothing else)", param=name, code="unsupported")
 
 
-def parse_generation(target, body: dict, default_method: str, model_name: str, chat: bool) -> GenerationRequest:
-    """Validate a /v1/completions (chat=False) or /v1/chat/completions body against the target."""
+def parse_generation(target, body: dict, methods: tuple[str, ...], model_name: str, chat: bool) -> GenerationRequest:
+    """Validate a /v1/completions (chat=False) or /v1/chat/completions body against the target and the served
+    `methods` (the first is the default)."""
     model = body.get("model")
     if model is not None and model != model_name:
         raise APIError(404, f"the model '{model}' does not exist: this server serves '{model_name}'",
@@ -166,16 +209,16 @@ def parse_generation(target, body: dict, default_method: str, model_name: str, c
     if n != 1:
         raise APIError(400, f"only n=1 is supported, got n={n}", param="n")
     _refuse_unsupported(body)
-    temperature = _number(body, "temperature", 0.0, 0.0, 2.0)  # OpenAI's range; 0 = greedy
+    temperature = _temperature(body)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     top_k = _integer(body, "top_k", 0, low=0)  # an extension (as vLLM's); 0 = off
-    seed = _integer(body, "seed")
+    seed = _integer(body, "seed", None, *SEED_RANGE)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be true or false", param="stream")
     options = body.get("stream_options") or {}
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    method = check_method(body.get("method"), default_method)
+    method = pick_method(body.get("method"), methods)
     ids = _chat_ids(target, body) if chat else _prompt_ids(target, body)
     try:
         target.check_prompt(ids)

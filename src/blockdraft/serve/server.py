@@ -11,6 +11,7 @@ import uvicorn
 
 from ..errors import BlockdraftError
 from .app import create_app
+from .jobs import DEFAULT_MAX_QUEUE
 
 
 def check_address(host: str, port: int) -> None:
@@ -25,7 +26,7 @@ def check_address(host: str, port: int) -> None:
 
 
 def run_server(target, method: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
-               api_key: str | None = None, prefix_cache_mb: float = 256) -> None:
+               api_key: str | None = None, prefix_cache_mb: float = 256, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
     """Serve until SIGINT or SIGTERM. The decoding runs on this (the main) thread and uvicorn on another.
 
     Why not the other way round: torch's CPU ops run on an OpenMP team per calling thread, and the main
@@ -34,7 +35,8 @@ def run_server(target, method: str, host: str = "127.0.0.1", port: int = 8000, m
     waits for its helper to wake. Measured here (2 cores, bf16): the same batch-decoding loop ran at 43
     tokens/s on the main thread and 25 on a worker thread; an 8 x 576 x 1536 matmul took 64 vs 150 us.
     """
-    app = create_app(target, method, max_batch, api_key, own_thread=False, prefix_cache_mb=prefix_cache_mb)
+    app = create_app(target, method, max_batch, api_key, own_thread=False, prefix_cache_mb=prefix_cache_mb,
+                     max_queue=max_queue)
     scheduler = app.state.scheduler
     check_address(host, port)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -52,7 +54,9 @@ def run_server(target, method: str, host: str = "127.0.0.1", port: int = 8000, m
 
     def on_ready() -> None:
         where = f"http://{host}:{port}"
-        print(f"blockdraft: serving {target.name} ({method}, batches of up to {max_batch}) at {where}/v1, "
+        methods = ", ".join(scheduler.methods)
+        print(f"blockdraft: serving {target.name} ({methods}; batches of up to {max_batch}, {max_queue} more "
+              f"queued) at {where}/v1, "
               f"playground at {where}/" + ("" if api_key else "; no API key"), file=sys.stderr)
         http.start()
 

@@ -47,4 +47,10 @@ class SamplingParams:
             drop_sorted[..., -1] = False  # always keep the most likely token
             drop = drop_sorted.scatter(-1, order, drop_sorted)
             scores = scores.masked_fill(drop, float("-inf"))
-        return scores.softmax(-1)
+        probs = scores.softmax(-1)
+        # A NaN or +inf score makes its whole row NaN (the softmax's max and sum carry it), so one column tells;
+        # sampling from it would draw garbage tokens without a word
+        if torch.isnan(probs[..., :1]).any():
+            raise BlockdraftError(f"the target's distribution at temperature {self.temperature} is not finite (its "
+                                  "logits divided by the temperature overflow, or the model produced NaN)")
+        return probs
