@@ -1,6 +1,7 @@
-"""Every mainstream causal-LM architecture is lossless: tree passes equal plain decoding, sliding windows included.
+"""Every mainstream causal-LM architecture is lossless: tree passes equal plain decoding, sliding windows and
+DeepSeek's multi-head latent attention included.
 
-Tiny random models of 24 architectures (tests/tiny_architectures.py), float32, greedy: each training-free method's
+Tiny random models of 26 architectures (tests/tiny_architectures.py), float32, greedy: each training-free method's
 output equals `ar` token for token, with drafts accepted (tau > 1.2) and a context several windows long. A
 logit-level check catches what greedy output might hide. Models whose cache or positions cannot be verified
 exactly are refused at load, naming the architecture. Sampling: the real-loop chi-square on a sliding-window model.
@@ -105,6 +106,19 @@ def test_models_that_cannot_be_verified_exactly_are_refused(model_type, fields, 
     with pytest.raises(BlockdraftError, match=f"'{model_type}'.*{why}|{why}.*'{model_type}'") as info:
         Target(_tiny(model_type, **fields), name="x")
     assert "exactly" in str(info.value) or "cannot" in str(info.value)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_latent_attention_with_fewer_key_value_heads_is_refused_naming_why(model_type):
+    """Multi-head latent attention verifies exactly (ARCHITECTURES' deepseek entries, above); a config declaring
+    fewer key/value heads than attention heads, which transformers' own forward cannot run on two tokens, is
+    refused at load rather than failing with a tensor size mismatch at the first draft."""
+    from tiny_architectures import MLA
+
+    fields = {**MLA, "num_key_value_heads": 2, "n_group": 1, "topk_group": 1}
+    with pytest.raises(BlockdraftError, match=f"'{model_type}' uses multi-head latent attention.*"
+                                              "num_key_value_heads=2.*cannot verify drafts"):
+        Target(_tiny(model_type, **fields), name="x")
 
 
 @pytest.mark.parametrize("kind", ["chunked_attention", "linear_attention"])

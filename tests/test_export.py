@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -276,6 +277,59 @@ def test_compatible_variants_train_and_decode_losslessly(tiny, stores, tmp_path,
     export_vllm(tmp_path / "out", kind, tiny, tmp_path / kind)
 
 
+# --- the output folder: nothing but the export's own files is ever replaced, nothing deleted -------------
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_non_empty_folder_is_refused_without_force_and_a_models_files_even_with_it(tiny, tmp_path):
+    bpd_checkpoint(tiny, tmp_path / "ck")
+    model = tmp_path / "model"  # what a user might name by mistake: a model folder
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = snapshot(model)
+    with pytest.raises(BlockdraftError, match="is not empty.*--force"):
+        export_vllm(model, "bpd", tiny, tmp_path / "ck")
+    with pytest.raises(BlockdraftError, match="config.json, model.safetensors that no blockdraft export wrote"):
+        export_vllm(model, "bpd", tiny, tmp_path / "ck", force=True)
+    assert snapshot(model) == before
+
+
+def test_force_replaces_only_the_exports_own_files(tiny, tmp_path):
+    bpd_checkpoint(tiny, tmp_path / "ck")
+    bpd_checkpoint(tiny, tmp_path / "ck2", vocab=None)
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "README.md").write_text("mine")
+    (out / "sub" / "config.json").write_text("also mine")
+    with pytest.raises(BlockdraftError, match="is not empty"):
+        export_vllm(out, "bpd", tiny, tmp_path / "ck")
+    export_vllm(out, "bpd", tiny, tmp_path / "ck", force=True)
+    first = exported(out)[0]
+    export_vllm(out, "bpd", tiny, tmp_path / "ck2", force=True)  # over an earlier export: replaced
+    second = exported(out)[0]
+    assert first["truncated_vocab_size"] == len(VOCAB) and second["truncated_vocab_size"] == tiny.vocab_size
+    files = snapshot(out)
+    assert set(map(str, files)) == {"README.md", "sub/config.json", "config.json", "model.safetensors"}  # no leftovers
+    assert files[Path("README.md")] == b"mine" and files[Path("sub/config.json")] == b"also mine"
+
+
+def test_the_source_checkpoint_is_never_touched(tiny, tmp_path):
+    ck = tmp_path / "ck"
+    bpd_checkpoint(tiny, ck)
+    (tmp_path / "link").symlink_to(ck)
+    before = snapshot(ck)
+    for out in (ck, tmp_path / "link"):
+        for force in (False, True):
+            with pytest.raises(BlockdraftError, match="is the checkpoint being exported"):
+                export_vllm(out, "bpd", tiny, ck, force=force)
+    assert snapshot(ck) == before
+    export_vllm(ck / "vllm", "bpd", tiny, ck)  # a new folder inside it is fine, and adds only itself
+    assert {p for p in snapshot(ck) if p.parts[0] != "vllm"} == set(before)
+    assert snapshot(ck) != before and all(snapshot(ck)[p] == b for p, b in before.items())
+
+
 # --- the command ----------------------------------------------------------------------------------------
 def test_export_command(tiny_model_dir, tmp_path, capsys):
     from blockdraft.api import load_target
@@ -288,6 +342,12 @@ def test_export_command(tiny_model_dir, tmp_path, capsys):
                  "--target", str(tiny_model_dir)]) == 0
     assert '"method": "medusa"' in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["blockdraft"]["method"] == "bpd"
+    again = ["export", "--to", "vllm", str(out), "--method", "bpd", "--checkpoint", str(tmp_path / "medusa"),
+             "--target", str(tiny_model_dir)]
+    assert main(again) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not empty" in err and "--force" in err and len(err.splitlines()) == 1
+    assert main([*again, "--force"]) == 0 and '"method": "medusa"' in capsys.readouterr().out
     assert main(["export", "--to", "vllm", str(tmp_path / "x"), "--method", "dflash", "--checkpoint",
                  str(tmp_path / "ffn-free"), "--target", str(tiny_model_dir)]) == 2
     err = capsys.readouterr().err.strip()

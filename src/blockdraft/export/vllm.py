@@ -12,7 +12,6 @@ ascending layer order in which vLLM concatenates the target's states.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,6 +23,7 @@ from ..drafters.checkpoint import CONFIG, WEIGHTS, load_checkpoint, load_weights
 from ..drafters.bpd import BPDConfig, BPDModel
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
 from ..errors import BlockdraftError
+from .folder import check_output, write_files
 
 VLLM_VERSION = "0.32"  # the vLLM whose loaders these formats follow
 
@@ -160,8 +160,10 @@ FORMATS = {  # vLLM's speculative_config["method"] -> how to write it
 }
 
 
-def export_vllm(out, method: str, target, checkpoint=None) -> Path:
-    """Write `method`'s checkpoint (default: the one shipped for `target`) to `out` in vLLM's format."""
+def export_vllm(out, method: str, target, checkpoint=None, force: bool = False) -> Path:
+    """Write `method`'s checkpoint (default: the one shipped for `target`) to `out` in vLLM's format. `out` must be
+    new or empty; with `force` a non-empty folder too, where only an earlier export's files are replaced
+    (export/folder.py). Nothing is ever deleted, and the source checkpoint's folder is refused."""
     from ..methods import METHODS, shipped_checkpoint
 
     exporter = METHODS[method].exporter if method in METHODS else None
@@ -170,6 +172,8 @@ def export_vllm(out, method: str, target, checkpoint=None) -> Path:
         raise BlockdraftError(f"cannot export method '{method}' to vLLM: choose one of {', '.join(exportable)}")
     e, train_as = FORMATS[exporter], METHODS[method].trainer
     folder = Path(checkpoint) if checkpoint else shipped_checkpoint(target, method, train_as)
+    out = Path(out)
+    check_output(out, folder, (CONFIG, WEIGHTS), force)  # before any work: a refusal costs nothing
     config, state = load_checkpoint(folder, e.kind, target)  # the right kind, made for this target
     problems = e.mismatches(config, state, target)
     if problems:
@@ -181,14 +185,9 @@ def export_vllm(out, method: str, target, checkpoint=None) -> Path:
     vllm_config, tensors = e.convert(config, state, target, folder)
     vllm_config["blockdraft"] = {"method": method, "source": str(folder), "target": target_signature(target),
                                  "vllm_method": exporter, "vllm_version": VLLM_VERSION}
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / CONFIG).is_file():
-        raise BlockdraftError(f"'{out}' exists and is not an exported drafter: choose an empty or new folder")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / CONFIG).write_text(json.dumps(vllm_config, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+    # the weights first, config.json last: a folder with an export's config.json holds all of the export
+    write_files(out, {
+        WEIGHTS: lambda path: save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
+                                        metadata={"format": "pt"}),
+        CONFIG: lambda path: path.write_text(json.dumps(vllm_config, indent=1) + "\n")})
     return out

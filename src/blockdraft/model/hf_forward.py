@@ -41,6 +41,7 @@ def layer_windows(config) -> list[int | None]:
     if reason:
         raise BlockdraftError(f"'{config.model_type}' models use {reason}, not its position: a draft tree's nodes "
                               "would see other positions than plain decoding, so blockdraft cannot verify them exactly")
+    refuse_inconsistent_latent_attention(text)
     try:  # transformers' own reading of the config (layer_types, or sliding_window / attention_chunk_size)
         from transformers.cache_utils import get_layer_types_and_kwargs
 
@@ -56,6 +57,21 @@ def layer_windows(config) -> list[int | None]:
                               "draft cannot be taken out of: blockdraft verifies only full and sliding-window "
                               "attention layers")
     return [k.get("sliding_window") if t == "sliding_attention" else None for t, k in zip(types, kwargs, strict=True)]
+
+
+def refuse_inconsistent_latent_attention(config) -> None:
+    """Multi-head latent attention (DeepSeek-V2/V3: a `kv_lora_rank`) is verified exactly through transformers'
+    forward, its per-head keys and values cached per position like any others (tests/test_architectures.py). But its
+    keys come one per attention head: a config declaring fewer key/value heads (DeepSeek's own set both equal) makes
+    transformers repeat them into more heads than the queries have, and every pass of two tokens or more fails inside
+    torch. Refused at load, with that reason, instead of a tensor size mismatch at the first draft or prompt."""
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if getattr(config, "kv_lora_rank", None) and kv_heads is not None and kv_heads != heads:
+        raise BlockdraftError(
+            f"'{config.model_type}' uses multi-head latent attention, whose keys and values come one per attention "
+            f"head ({heads}), but its config declares num_key_value_heads={kv_heads}: transformers' forward then "
+            "repeats them by the wrong factor and cannot run a pass of several tokens, so blockdraft cannot verify "
+            "drafts with it (DeepSeek's own configs set num_key_value_heads = num_attention_heads)")
 
 
 class HFForward:
