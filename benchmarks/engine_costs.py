@@ -73,34 +73,88 @@ def main() -> None:
               + " |")
     print("\n| dtype | weights | weight bytes per step | LM-head matmul bandwidth | bandwidth-limit step |")
     print("|---|---|---|---|---|")
-    for name in args.dtypes.split(","):
-        full = Target.load(args.target, dtype=getattr(torch, name))
-        head = full.model.get_output_embeddings().weight
-        x = torch.randn(1, head.shape[1], dtype=head.dtype)
-        with torch.inference_mode():
-            for _ in range(3):
-                torch.nn.functional.linear(x, head)
-            t = statistics.median(timed(lambda: torch.nn.functional.linear(x, head)) for _ in range(15))
-        bandwidth = head.numel() * head.element_size() / t
-        for weights in args.weights.split(","):
-            step_bytes = weight_bytes(next(t for key, t in targets.items() if key[:2] == (name, weights)))
-            print(f"| {name} | {weights} | {step_bytes / 1e6:.0f} MB | {bandwidth / 1e9:.1f} GB/s | "
-                  f"{step_bytes / bandwidth * 1e3:.1f} ms |")
+    roofs = {}
+    for key, t in targets.items():
+        if key[2] != "static":
+            continue
+        step_bytes = weight_bytes(t)
+        bandwidth, rate = head_rates(t)
+        roofs[key[:2]] = (step_bytes, bandwidth, rate, flops_per_row(t))
+        print(f"| {key[0]} | {key[1]} | {step_bytes / 1e6:.0f} MB | {bandwidth / 1e9:.1f} GB/s | "
+              f"{step_bytes / bandwidth * 1e3:.1f} ms |")
+    # The roofline: a pass over k rows cannot take less than reading the weights once, nor less than its
+    # multiply-adds at the rate the LM head's matmul reaches over 32 rows
+    print("\n| dtype | weights | GEMM rate (32 rows) | " + " | ".join(f"t({k}) measured / roofline" for k in KS) + " |")
+    print("|---|---|---|" + "---|" * len(KS))
+    for key, t in targets.items():
+        if key[2] != "static":
+            continue
+        step_bytes, bandwidth, rate, flops = roofs[key[:2]]
+        cells = []
+        for k in KS:
+            roof = max(step_bytes / bandwidth, k * flops / rate)
+            cells.append(f"{statistics.median(samples[(key, k)]) * 1e3:.0f} / {roof * 1e3:.0f} ms")
+        print(f"| {key[0]} | {key[1]} | {rate / 1e9:.0f} GFLOP/s | " + " | ".join(cells) + " |")
+
+
+def head_rates(target) -> tuple[float, float]:
+    """(bytes/s, FLOP/s): the LM head's one-row matmul reading its weight, and its 32-row matmul's multiply-adds,
+    through whatever the engine holds (full weight, planes, or the file's own integers)."""
+    head = target.forwarder.decoder.lm_head
+    x1 = torch.randn(1, head_inputs(target), dtype=target.dtype)
+    x32 = torch.randn(32, x1.shape[1], dtype=target.dtype)
+    with torch.inference_mode():
+        for _ in range(3):
+            head(x1)
+        t1 = statistics.median(timed(lambda: head(x1)) for _ in range(11))
+        head(x32)
+        t32 = statistics.median(timed(lambda: head(x32)) for _ in range(5))
+    return module_bytes(head) / t1, 2 * 32 * x1.shape[1] * head.out_features / t32
+
+
+def head_inputs(target) -> int:
+    return target.model.config.hidden_size
+
+
+def flops_per_row(target) -> float:
+    """Multiply-adds of one row through every projection and the LM head, times two."""
+    decoder = target.forwarder.decoder
+    total = 0
+    for module in [*decoder.layers, decoder.lm_head]:
+        for m in module.modules():
+            if hasattr(m, "out_features") and hasattr(m, "qweights"):
+                inputs = m.qweights[0].shape[1] if m.qweights else (m.weight.shape[1] if m.weight is not None
+                                                                    else m.planes.shape[1] * 2)
+                total += 2 * m.out_features * inputs
+    return total
+
+
+def module_bytes(module) -> int:
+    """Bytes a one-row call reads: the file's integers (qweights), else planes and scales, else the full weight."""
+    if getattr(module, "qweights", None):
+        return sum(t.nbytes for q in module.qweights for t in (q.w, q.d, q.c, q.hi, q.sc))
+    if getattr(module, "planes", None) is not None:
+        return module.planes.nbytes + module.plane_scales.nbytes + (module.bias.nbytes if module.bias is not None
+                                                                    else 0)
+    return sum(t.nbytes for t in module.parameters())
 
 
 def weight_bytes(target) -> int:
-    """Bytes of weight a one-token step reads: every layer's matrices and the LM head (their planes and scales when
+    """Bytes of weight a one-token step reads: every layer's matrices and the LM head (their quantized form when
     quantized), norms included; not the embedding (a step reads one row of it)."""
     decoder = getattr(target.forwarder, "decoder", None)
-    if decoder is None or target.weights == "full":
+    if decoder is None:
         model = target.model
         head = model.get_output_embeddings().weight
         return sum(p.numel() * p.element_size() for p in model.model.layers.parameters()) + head.nbytes
     total = 0
     for module in [*decoder.layers, decoder.lm_head]:
-        total += sum(t.nbytes for t in [*module.parameters(), *module.buffers()])
-    # a quantized Linear keeps its full weight too (for passes of many rows): a one-token step does not read it
-    return total - sum(m.weight.nbytes for m in decoder.modules() if getattr(m, "quantized", False))
+        for m in module.modules():
+            if hasattr(m, "qweights"):  # a Linear
+                total += module_bytes(m)
+            elif m is module:
+                total += sum(p.nbytes for p in m.parameters(recurse=False))
+    return total
 
 
 if __name__ == "__main__":

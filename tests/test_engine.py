@@ -44,8 +44,9 @@ WINDOWED = {"gemma2", "gemma3-text", "mistral-sliding", "qwen2-sliding"}  # a sl
 def test_static_engine_matches_transformers_through_trees_and_commits(family):
     """Bitwise (torch.equal) through the prefill and every tree pass, in every family. A one-token step runs its
     attention without a mask unless a layer has a sliding window: another SDPA kernel than transformers' masked
-    call, so there (llama, qwen2, qwen3, gemma) logits and features agree to 1e-5, not bit for bit (measured: up
-    to 8e-5 absolute on gemma's features, 5e-7 on qwen2's; llama bitwise for some seeds only)."""
+    call, so there (llama, qwen2, qwen3, gemma) logits agree to 1e-5 and features (values up to ~4) to 1e-4, not bit for
+    bit (measured: up to 8e-5 absolute on gemma's features, 5.7e-5 on the AVX2-only EPYC, 5e-7 on qwen2's; llama
+    bitwise for some seeds only)."""
     fast, ref = pair(MAKERS[family]())
     assert isinstance(fast.forwarder, static_engine.StaticEngine) and isinstance(ref.forwarder, HFForward)
     prompt = list(range(3, 30))
@@ -59,7 +60,7 @@ def test_static_engine_matches_transformers_through_trees_and_commits(family):
             assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
         else:
             torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(a.features, b.features, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a.features, b.features, rtol=1e-4, atol=1e-4)
         fast.commit(path)
         ref.commit(path)
     assert fast.length == ref.length == len(prompt) + 3 + 2 + 1

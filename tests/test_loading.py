@@ -77,7 +77,7 @@ def test_a_base_model_gets_the_question_answer_frame_and_its_stops():
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
     model = tiny_model("gemma3-text", len(vocab))
-    loading._add_chat_defaults(model, tok)
+    loading._add_chat_defaults(model.config, model.generation_config, tok)
     target = Target(model, tok, name="tiny-gemma")
     end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
     assert end_of_turn in target.eos_token_ids and target.stop_strings == ("\nQuestion:",)
@@ -96,3 +96,48 @@ def test_a_base_model_gets_the_question_answer_frame_and_its_stops():
     for method in ("ar", "lookup"):
         cut = SpeculativeDecoder(target, make_drafter(method, target)).generate(ids, 48)
         assert cut.stats.stop_reason == "stop_string" and cut.text == free.text[: free.text.index(stop)]
+
+
+def test_a_target_in_raw_pieces_is_joined_only_with_its_recorded_sha256(tmp_path, monkeypatch):
+    """Pieces from packages of an anonymous author: joined into the cache and used when size and sha256 are the
+    recorded ones; anything else is refused, saying so, and leaves no file behind."""
+    import dataclasses
+    import hashlib
+
+    from blockdraft.errors import TargetNotInstalled
+
+    chunks = [b"GGUF" + b"a" * 100, b"b" * 50]
+    for i, chunk in enumerate(chunks, 1):
+        (tmp_path / f"pkg{i}" / "data").mkdir(parents=True)
+        (tmp_path / f"pkg{i}" / "data" / f"part{i:02d}.bin").write_bytes(chunk)
+    monkeypatch.setattr(loading, "_package_dir", lambda module: tmp_path / module.replace("mod", "pkg"))
+    whole = b"".join(chunks)
+    good = loading.Pieces("mod%d", "part%02d.bin", 2, len(whole), hashlib.sha256(whole).hexdigest())
+    missing = TargetNotInstalled("install it")
+    path = loading._join_pieces(good, tmp_path / "out" / "model.gguf", missing)
+    assert path.read_bytes() == whole
+    bad = dataclasses.replace(good, sha256="0" * 64)
+    with pytest.raises(BlockdraftError, match="refusing other.gguf: .* sha256"):
+        loading._join_pieces(bad, tmp_path / "out" / "other.gguf", missing)
+    assert not (tmp_path / "out" / "other.gguf").exists() and not list((tmp_path / "out").glob("*.tmp*"))
+    three = loading.Pieces("mod%d", "part%02d.bin", 3, len(whole), good.sha256)
+    with pytest.raises(TargetNotInstalled, match="piece 3 of 3"):
+        loading._join_pieces(three, tmp_path / "out" / "third.gguf", missing)
+
+
+def test_weights_auto_is_int4_for_a_large_gguf_where_our_kernel_runs(tmp_path, monkeypatch):
+    import torch
+
+    from blockdraft.model import precision, qkernel
+
+    big, small = tmp_path / "big.gguf", tmp_path / "small.gguf"
+    with open(big, "wb") as f:
+        f.truncate(int(precision.AUTO_INT4_BYTES))  # sparse: no disk used
+    small.write_bytes(b"GGUF")
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(qkernel, "preferred", lambda: True)
+    assert precision.resolve_weights("auto", cpu, loading.resolve_target(big)) == "int4"
+    assert precision.resolve_weights("auto", cpu, loading.resolve_target(small)) == "full"
+    assert precision.resolve_weights("int8", cpu, loading.resolve_target(small)) == "int8"
+    monkeypatch.setattr(qkernel, "preferred", lambda: False)
+    assert precision.resolve_weights("auto", cpu, loading.resolve_target(big)) == "full"

@@ -59,7 +59,9 @@ def prepare(args) -> None:
     source = resolve_target(args.target)
     if not source.is_gguf:
         sys.exit(f"prepare: target '{args.target}' is not a GGUF file: llama.cpp needs one")
-    folder = _convert_gguf(source.path)  # the dequantised HF folder blockdraft itself loads (cached)
+    # the file dequantized to a float32 model folder (cached once), for transformers and vLLM; --no-dense: the config
+    # and tokenizer only (llama.cpp and blockdraft read the GGUF file itself)
+    folder = _convert_gguf(source.path, dense=not args.no_dense)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     categories = args.categories.split(",") if args.categories else None
     questions = load_questions(args.questions, args.per_category, categories)
@@ -129,7 +131,7 @@ def hf_generator(cfg: dict, mode: str):
 
 
 def llamacpp_generator(cfg: dict, mode: str):
-    """llama.cpp through llama-cpp-python on the Q4_1 GGUF: plain greedy, or its prompt-lookup drafter."""
+    """llama.cpp through llama-cpp-python on the GGUF file: plain greedy, or its prompt-lookup drafter."""
     import llama_cpp
     import llama_cpp.llama_cpp as capi
     from llama_cpp import Llama
@@ -166,7 +168,8 @@ def llamacpp_generator(cfg: dict, mode: str):
         return out
 
     info = {"engine": "llama.cpp (llama-cpp-python)", "llama_cpp_python": llama_cpp.__version__,
-            "weights": "Q4_1 GGUF", "n_ctx": cfg["context"], "use_extra_bufts": llm.model_params.use_extra_bufts,
+            "weights": f"GGUF {Path(cfg['gguf']).name}", "n_ctx": cfg["context"],
+            "use_extra_bufts": llm.model_params.use_extra_bufts,
             "logits_all": kwargs.get("logits_all", False), "speculative": settings or None}
     return generate, info
 
@@ -368,6 +371,7 @@ def main() -> None:
     p.add_argument("--target", default=None, help="blockdraft target name or .gguf (default smollm2-135m)")
     p.add_argument("--questions", default=None, help="question file (default: the shipped Spec-Bench)")
     p.add_argument("--per-category", type=int, default=2)
+    p.add_argument("--no-dense", action="store_true", help="no float32 model folder (no hf or vllm yardstick)")
     p.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)

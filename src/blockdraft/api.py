@@ -24,7 +24,7 @@ def load_target(name_or_path: str | None = DEFAULT_TARGET, dtype: str | torch.dt
     compile: compile the engine's decoding steps (~1.5 min at load, then ~20-35% faster steps);
     weights: auto | full | int8 | int4 (the target's projections; model/linear.py)."""
     dtype, device = resolve_precision(dtype, device)
-    weights = resolve_weights(weights, device)
+    weights = resolve_weights(weights, device) if weights != "auto" else "auto"  # auto: with the target
     return _load_target(name_or_path or DEFAULT_TARGET, dtype, str(device), bool(compile), weights)
 
 

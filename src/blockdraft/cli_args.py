@@ -75,11 +75,13 @@ def run(command, args) -> int:
             torch.set_num_threads(args.threads)
         if hasattr(args, "dtype"):  # bad --dtype / --device / --weights values fail first, in one line
             from .model import resolve_precision
-            from .model.precision import resolve_weights
+            from .model.precision import check_weights, resolve_weights
 
             args.dtype, args.device = resolve_precision(args.dtype, args.device)
-            if hasattr(args, "weights"):
-                args.weights = resolve_weights(args.weights, args.device)
+            if hasattr(args, "weights"):  # `auto` is resolved with the target (Target.load)
+                args.weights = check_weights(args.weights)
+                if args.weights != "auto":
+                    args.weights = resolve_weights(args.weights, args.device)
         return command(args)
     except BlockdraftError as e:
         print(f"blockdraft: error: {e}", file=sys.stderr)

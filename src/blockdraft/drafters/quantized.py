@@ -82,6 +82,10 @@ class QuantizedDrafter(Drafter):
         if not 0.0 <= float(min_prob) <= 1.0:
             raise BlockdraftError(f"quantized: min_prob must be in [0, 1], got {min_prob}")
         refuse_int4_target(target.weights)
+        if any(p.is_meta for p in target.model.parameters()):
+            raise BlockdraftError(
+                "quantized: this target holds its projections only as the GGUF file's quantized blocks (int8 "
+                "weights from a GGUF file), with no float copy to lower; load it with --weights full to use it")
         if weights == "auto":
             weights = "int4" if target.weights == "int8" else "float16" if target.dtype == torch.float32 else "int8"
         try:

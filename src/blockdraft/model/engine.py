@@ -13,6 +13,7 @@ decoding steps run through torch.compile (`compiled_step`).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import quantized_weights
+from . import qkernel, quantized_weights
 from .compiled import ROW_BUCKETS, compiled_step, in_order, row_bucket, static_rows_step
 from .linear import Linear
 from .traits import ACTIVATIONS, SUPPORTED_TYPES, Traits, norm_eps, norm_weight, rms_norm, rope_tables, softcap, \
@@ -106,6 +107,20 @@ class Rows(NamedTuple):
     window_mask: torch.Tensor | None = None  # [B, 1, n, end] bool: `mask` within the sliding window (window_mask)
 
 
+def _sliced(fused: Linear, start: int, end: int, x: torch.Tensor) -> torch.Tensor:
+    return fused(x)[..., start:end]
+
+
+def _route_through(linears, fused: Linear) -> None:
+    """transformers' nn.Linear modules of a planes-only model compute through the engine's fused Linear (each keeps
+    its slice of the outputs): the model stays runnable (generate(), the float32 tie check) with one copy of the
+    weights. Slow (a q_proj call computes k and v too), and only used away from the engine's own passes."""
+    start = 0
+    for m in linears:
+        m.forward = functools.partial(_sliced, fused, start, start + m.out_features)
+        start += m.out_features
+
+
 class Decoder(nn.Module):
     """The forward pass on fused weights, for one sequence or a batch (model/batch_engine.py), eager or compiled.
 
@@ -123,15 +138,30 @@ class Decoder(nn.Module):
         self.traits = traits = traits_of(model)
         if traits is None:
             raise ValueError(f"the static engine does not reproduce '{config.model_type}' models")
-        self.embed = nn.Parameter(inner.embed_tokens.weight.detach(), requires_grad=False)
+        planes = planes or {}
+        if inner.embed_tokens.weight.is_meta:  # kept as the file's integers (model/gguf_model.py)
+            self.embed = qkernel.Embedding(planes[inner.embed_tokens], model.dtype)
+            inner.embed_tokens.forward = self.embed.forward
+        else:
+            self.embed = nn.Parameter(inner.embed_tokens.weight.detach(), requires_grad=False)
         self.register_buffer("embed_scale", None if traits.embed_scale is None else
                              torch.tensor(traits.embed_scale).to(self.embed.dtype))  # as Gemma: rounded to dtype
-        planes = planes or {}
+        # Built from a GGUF file with quantized weights (model/gguf_model.py), the projections exist only as the file's
+        # integers (qkernel.QWeight): our kernel runs them where it is the faster one (qkernel.preferred: AVX2 without
+        # AVX512, BENCHMARKS.md "Qwen2.5-Coder-1.5B"), with no float copy; elsewhere they become torch's int4 planes
+        # plus a full copy of the same values, as any model's quantized weights (the measured AMX / Zen 4 path)
+        from_file = weights != "full" and any(p.is_meta for p in model.parameters())
+        ours = from_file and qkernel.preferred()
 
         def linear(linears):
             if weights == "full":
                 return Linear(linears)
-            parts = [planes.get(m) or quantized_weights.quantize(m.weight, weights) for m in linears]
+            if ours:
+                fused = Linear(linears, qweights=qkernel.concat([planes[m] for m in linears]), dtype=self.embed.dtype)
+                _route_through(linears, fused)
+                return fused
+            given = {m: qkernel.to_planes(planes[m]) for m in linears} if from_file else planes
+            parts = [given.get(m) or quantized_weights.quantize(m.weight, weights) for m in linears]
             for m, part in zip(linears, parts, strict=True):
                 # the model itself becomes the quantized one (its weights the planes' values), so that what reads
                 # it -- transformers' forward, generate(), the bench's float32 tie check -- sees the same model
@@ -139,6 +169,8 @@ class Decoder(nn.Module):
             return Linear(linears, quantized_weights.concat(parts))
 
         self.weights = weights
+        # rows of our kernel's targets attend one at a time (StaticEngine.row_exact)
+        self.row_exact = ours
         self.layers = nn.ModuleList(_Layer(layer, traits, linear) for layer in inner.layers)
         self.norm = nn.Parameter(norm_weight(inner.norm, traits), requires_grad=False)
         self.norm_eps = norm_eps(inner.norm)
@@ -163,7 +195,7 @@ class Decoder(nn.Module):
         """Several blocks in one pass; per block (logits or None, hidden states as in `forward`)."""
         sizes = [b.tokens.numel() for b in blocks]
         flat = blocks[0].tokens.reshape(-1) if len(blocks) == 1 else torch.cat([b.tokens.reshape(-1) for b in blocks])
-        x = F.embedding(flat, self.embed)  # [rows, hidden]
+        x = self.embed(flat) if isinstance(self.embed, qkernel.Embedding) else F.embedding(flat, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         hidden = {0: x} if 0 in hidden_layers else {}
@@ -256,8 +288,17 @@ class Decoder(nn.Module):
             # one. Measured here (bf16, 2 threads, per layer): a batch of 8 two-node trees over 1,000
             # positions 1,222 us -> 546; one 17-node tree over 4,000 positions 1,045 -> 706
             # (benchmarks/attention_gqa.py).
-            a = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * n, d), k_all, v_all, attn_mask=bias,
-                                               scale=self.scale).view(B, heads, n, d)
+            if self.row_exact and n > 1 and rows.mask is not None:
+                # each row exactly as a one-token step computes it (StaticEngine.row_exact): over the keys it may
+                # see, gathered in order (a one-token step after the commit sees the same keys, same length)
+                seen = rows.window_mask if windowed else rows.mask
+                a = torch.stack([torch.cat([F.scaled_dot_product_attention(
+                    q[b : b + 1, :, j : j + 1].reshape(1, kv_heads, group, d),
+                    *(t[b : b + 1, :, seen[b, 0, j].nonzero()[:, 0]] for t in (k_all, v_all)),
+                    scale=self.scale).view(heads, 1, d) for j in range(n)], dim=1) for b in range(B)])
+            else:
+                a = F.scaled_dot_product_attention(q.reshape(B, kv_heads, group * n, d), k_all, v_all,
+                                                   attn_mask=bias, scale=self.scale).view(B, heads, n, d)
         return a.transpose(1, 2).reshape(B * n, -1)
 
 
@@ -278,6 +319,10 @@ class StaticEngine:
 
     def __init__(self, model, compile: bool = False, weights: str = "full", planes: dict | None = None):
         self.decoder = Decoder(model, weights, planes)
+        # Our kernel quantizes each row's activations to int8 (model/qkernel.py): a difference of one ulp in a row's
+        # input can move a rounding and its output by a whole step, so a tree's row must compute exactly what a
+        # one-token step would; its projections do, and Decoder._attend attends row by row over the same keys
+        self.row_exact = self.decoder.row_exact
         self.embed = self.decoder.embed
         self.layers = self.decoder.layers
         self.heads, self.kv_heads, self.head_dim = self.decoder.heads, self.decoder.kv_heads, self.decoder.head_dim

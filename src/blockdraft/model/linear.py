@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import packing
+from . import packing, qkernel
 from . import quantized_weights as qw
 
 # Calls of up to this many rows read the planes, larger ones the full weight: where the planes' kernel is the faster
@@ -44,24 +44,36 @@ class Linear(nn.Module):
     weight as quantized planes; the linears' weights must already hold the planes' values (Decoder makes the
     model the quantized one before building its Linears), and become the full copy."""
 
-    def __init__(self, linears, planes: qw.Planes | None = None):
+    def __init__(self, linears, planes: qw.Planes | None = None, dtype: torch.dtype | None = None,
+                 qweights: list | None = None):
+        """qweights: a GGUF file's own integers run by our kernel (model/qkernel.py), the only copy (the linears'
+        weights are on the meta device); `dtype` is then the activations'."""
         super().__init__()
         weight = torch.cat([m.weight for m in linears]).detach()
         self.out_features = weight.shape[0]
+        # a plain list: the kernel's operands must not be moved or cast by nn.Module's .to()
+        self.qweights = qweights
         self.register_buffer("planes", None)
         self.register_buffer("plane_scales", None)
         self.max_rows = self.compiled_max_rows = self.plane_count = 0
         if planes is not None:
             if tuple(planes.shape) != tuple(weight.shape):
                 raise ValueError(f"planes of shape {planes.shape} for a weight of shape {tuple(weight.shape)}")
-            self.planes, self.plane_scales = qw.pack(planes, weight.dtype)
+            dtype = dtype or weight.dtype
+            self.planes, self.plane_scales = qw.pack(planes, dtype)
             self.plane_count = planes.q.shape[0]
-            self.max_rows = PLANE_MAX_ROWS.get((4 * planes.q.shape[0], weight.dtype), 0)
+            self.max_rows = PLANE_MAX_ROWS.get((4 * planes.q.shape[0], dtype), 0)
             self.compiled_max_rows = COMPILED_PLANE_MAX_ROWS[4 * planes.q.shape[0]] if self.max_rows else 0
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in linears]
+        biases = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=dtype or weight.dtype)
+                  for m in linears]
         has_bias = any(m.bias is not None for m in linears)
         self.bias = nn.Parameter(torch.cat(biases).detach(), requires_grad=False) if has_bias else None
+        if qweights is not None:  # the only copy
+            self.weight = self.packed = None
+            self.register_buffer("low", None)
+            self.register_buffer("scales", None)
+            return
+        self.weight = nn.Parameter(weight, requires_grad=False)
         self.packed = packing.pack(self.weight)
         self.register_buffer("low", None)
         self.register_buffer("scales", None)
@@ -90,6 +102,9 @@ class Linear(nn.Module):
         self.weight = self.packed = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweights is not None:
+            y = torch.cat([qkernel.linear(x, q) for q in self.qweights], dim=-1).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         # compiled (model/compiled.py: one graph per row count, so the rows are a constant here)
         limit = self.compiled_max_rows if torch.compiler.is_compiling() else self.max_rows
         if limit and x.numel() <= limit * x.shape[-1]:

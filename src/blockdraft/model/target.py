@@ -10,8 +10,8 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from . import engine as static_engine
 from .hf_forward import HFForward
-from .loading import DEFAULT_TARGET, load_gguf_planes, load_model_and_tokenizer, resolve_target
-from .precision import resolve_precision, resolve_weights
+from .loading import DEFAULT_TARGET, load_target, resolve_target
+from .precision import check_weights, resolve_precision, resolve_weights
 
 
 @dataclass
@@ -38,13 +38,19 @@ def make_forwarder(model, engine: str = "auto", compile: bool = False, weights: 
             raise BlockdraftError(
                 f"--weights {weights} runs in the static engine, and this target ('{model.config.model_type}') runs "
                 f"on transformers' forward{' (--engine hf)' if engine == 'hf' else ''}: use --weights full")
-        if model.device.type != "cpu":
+        if _device_of(model).type != "cpu":
             raise BlockdraftError(f"--weights {weights} runs on torch's CPU int4 kernel: use --device cpu")
         try:
             return static_engine.StaticEngine(model, compile=compile, weights=weights, planes=planes)
         except ValueError as e:
             raise BlockdraftError(f"--weights {weights}: {e}") from None
     return static_engine.StaticEngine(model, compile=compile) if supported else HFForward(model)
+
+
+def _device_of(model) -> torch.device:
+    """Where a model computes (a GGUF target's quantized tensors stay on the meta device, model/gguf_model.py: its
+    other parameters tell)."""
+    return next((p.device for p in model.parameters() if not p.is_meta), torch.device("cpu"))
 
 
 class Target:
@@ -70,6 +76,7 @@ class Target:
     def __init__(self, model, tokenizer=None, name: str | None = None, feature_layers: tuple[int, ...] = (),
                  engine: str = "auto", compile: bool = False, weights: str = "full", planes: dict | None = None):
         self.model = model.eval()
+        self._device = _device_of(model)
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or model.config.model_type
         self.config = model.config
@@ -89,11 +96,13 @@ class Target:
         ('auto': see model/precision.py; float32 is the bitwise-exact reference), with `weights` full, int8 or
         int4 (from a GGUF file: its own quantized blocks where they have an exact form, model/gguf_weights.py)."""
         dtype, device = resolve_precision(dtype, device)  # bad names fail before the slow load
-        weights = resolve_weights(weights, device)
+        check_weights(weights)
         source = resolve_target(name_or_path or DEFAULT_TARGET)
-        model, tokenizer = load_model_and_tokenizer(source, dtype)
-        planes = load_gguf_planes(model, source.path) if weights != "full" and source.is_gguf else None
-        return cls(model.to(device), tokenizer, name=source.name, weights=weights, planes=planes, **kw)
+        weights = resolve_weights(weights, device, source)
+        model, tokenizer, planes = load_target(source, dtype, weights)
+        if not any(p.is_meta for p in model.parameters()):  # (a GGUF target's quantized tensors: CPU only)
+            model = model.to(device)
+        return cls(model, tokenizer, name=source.name, weights=weights, planes=planes, **kw)
 
     @property
     def compiled(self) -> bool:
@@ -110,7 +119,7 @@ class Target:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self._device
 
     # --- text ---------------------------------------------------------------------
     @property
