@@ -311,6 +311,35 @@ def test_retrieval_methods_in_a_batch_keep_the_greedy_output(method):
     assert sum(sum(k * n for k, n in s.stats.accepted_hist.items()) for s in seqs) > 0
 
 
+@pytest.mark.parametrize("method", ["suffix", "hybrid:sources=suffix+recycle:cost=off"])
+def test_drafters_learn_from_earlier_requests_in_a_batch_as_in_single_decoding(method):
+    """The feedback hook (Drafter.on_step / on_finish) is called by the shared sequence code: a request repeated
+    after the first one finished is drafted from the first's output, in a batch exactly as alone."""
+    from blockdraft.methods import make_drafter
+
+    target, reference = make_target(), make_target()
+    request = prompt(9, 7)
+    single = SpeculativeDecoder(reference, make_drafter(method, reference))
+    alone = [single.generate(request, 40) for _ in range(2)]
+    batched_drafter, decoder = make_drafter(method, target), BatchDecoder(target, max_batch=3, max_rows=None)
+    batched = []
+    # one after the other through forks of one drafter: alone in the batch (as a server's lone requests),
+    # then among other requests
+    for companions in ([], [], [prompt(6, 8), prompt(11, 9)]):
+        seqs = [decoder.add(p, batched_drafter, max_new_tokens=40) for p in [request] + companions]
+        while decoder.active:
+            decoder.step()
+        assert all(seq.error is None for seq in seqs)
+        batched.append(seqs[0].result)
+    assert all(got.tokens == alone[0].tokens for got in batched + alone)
+    # the second time, the whole first output is drafted back: far fewer target passes, in both
+    assert alone[1].stats.target_calls < alone[0].stats.target_calls / 2
+    for got in batched[1:]:
+        assert got.stats.target_calls < batched[0].stats.target_calls / 2
+    # the same drafts and verdicts as single decoding, step for step
+    assert [r.stats.accepted_hist for r in batched[:2]] == [r.stats.accepted_hist for r in alone]
+
+
 def test_max_rows_caps_each_tree_by_the_batch_size_and_keeps_the_output():
     from drafters_for_tests import RandomTreeDrafter
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from blockdraft import SpeculativeDecoder, methods
-from blockdraft.drafters import DraftContext, SuffixDrafter
+from blockdraft.drafters import DraftContext, Drafter, SuffixDrafter
 from blockdraft.drafters.hybrid import AcceptanceCalibrator, HybridDrafter, LearnedGate
 from blockdraft.drafters.rest import Datastore
 from blockdraft.drafters.suffix_index import SuffixIndex, frequency_trie
@@ -114,11 +114,11 @@ def test_the_global_tree_drafts_what_an_earlier_request_generated(tiny):
     assert calls[False][1] == calls[False][0]  # nothing carried over
     assert calls[True][1] < calls[True][0] / 2  # the whole earlier output was drafted back
     drafter = SuffixDrafter()
-    SpeculativeDecoder(tiny, drafter).generate(prompt, 8)
-    drafter.reset(prompt)
-    assert drafter.outputs
-    drafter.forget()
-    assert drafter.outputs == [] and drafter.global_index is None
+    out = SpeculativeDecoder(tiny, drafter).generate(prompt, 8)
+    assert drafter.earlier.outputs == [out.tokens]  # added as the generation ended, whole
+    twin = drafter.fork()
+    drafter.forget()  # clears what the forks share too
+    assert twin.earlier.outputs == [] and twin.earlier.index is None
 
 
 @pytest.mark.parametrize("method", ["suffix", "rest", "recycle", "hybrid", "hybrid:sources=suffix,recycle",
@@ -146,7 +146,7 @@ def test_calibration_follows_what_the_target_accepts():
     assert cal.key("suffix", 0.9, 3) != cal.key("suffix", 0.9, 12) != cal.key("rest", 0.9, 3)
 
 
-class _FixedSource:
+class _FixedSource(Drafter):
     """A retrieval source proposing one fixed trie every step."""
 
     depth = 8
@@ -156,14 +156,11 @@ class _FixedSource:
 
         self.cand = Candidates(tokens, parents, prob, length)
 
-    def reset(self, prompt):
-        pass
-
     def candidates(self, ctx, depth):
         return self.cand
 
 
-def test_hybrid_merges_sources_best_first_and_learns_from_the_returned_tokens():
+def test_hybrid_merges_sources_best_first_and_learns_from_the_accepted_path():
     a = _FixedSource([10, 11, 12], [-1, 0, 1], [0.9, 0.8, 0.7])
     b = _FixedSource([10, 13], [-1, 0], [0.6, 0.5])
     hybrid = HybridDrafter({"a": a, "b": b}, budget=8)
@@ -172,7 +169,7 @@ def test_hybrid_merges_sources_best_first_and_learns_from_the_returned_tokens():
     assert paths == [(10,), (10, 11), (10, 11, 12), (10, 13)]  # shared prefix "10" verified once
     assert tree.tokens[1:].tolist() == [10, 11, 12, 13]  # by path score: 0.9 (a), 0.8, 0.7, then 0.5 (b)
     # The target accepted 10 and 13 (then a bonus token): 10, 13 accepted; 11 rejected; 12 unseen.
-    hybrid.propose(DraftContext([1, 2, 3, 10, 13, 99], None, 8))
+    hybrid.on_step(tree, torch.zeros(len(tree), 16), [0, 1, 4])
     cal = hybrid.calibrator
     seen = {k: (cal.accepted[k], cal.seen[k]) for k in cal.seen}
     assert seen[cal.key("a", 0.9, 4)] == (1, 1) and seen[cal.key("b", 0.6, 4)] == (1, 1)
@@ -309,7 +306,7 @@ def test_recycling_keeps_the_target_top_k_per_token_and_drafts_from_it(tiny):
     logits[0, [8, 9, 10]] = torch.tensor([3.0, 2.0, 1.0])
     logits[1, [5, 11, 12]] = torch.tensor([2.0, 1.0, 0.0])
     logits[2, [13, 14, 15]] = torch.tensor([1.0, 0.5, 0.0])
-    drafter.recycle((tree, logits))
+    drafter.on_step(tree, logits, [0])
     assert drafter.next_tokens[5].tolist() == [8, 9, 10] and drafter.next_tokens[6].tolist() == [5, 11, 12]
     assert drafter.next_probs[5].sum() < 1 and drafter.next_probs[5][0] > drafter.next_probs[5][1]
     tokens, parents, probs = drafter.candidates(6, depth=3)

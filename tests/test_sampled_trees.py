@@ -97,7 +97,7 @@ def markov_counts(drafter, params, n, seed=0):
     for _ in range(n):
         tokens = [0]
         while len(tokens) < 3:
-            tree = drafter.propose(DraftContext(tokens, None, 8, None, params.temperature, gen))
+            tree = drafter.propose(DraftContext(tokens, None, 8, params.temperature, gen))
             acc = acceptor.accept(tree, TABLE[tree.tokens], gen)
             accepted += acc.accepted_drafts
             tokens += tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
@@ -116,7 +116,7 @@ def test_sampled_tree_rows_are_the_draw_sequence():
     children of a node are distinct and were drawn from inside the row's support."""
     drafter = marginal_tree(budget=12)
     gen = torch.Generator().manual_seed(3)
-    tree = drafter.propose(DraftContext([0], None, 8, None, 0.8, gen))
+    tree = drafter.propose(DraftContext([0], None, 8, 0.8, gen))
     assert len(tree) == 13 and torch.isnan(tree.q[0]).all()
     plain = TreeDrafter(drafter.base, "best", 12).propose(DraftContext([0], None, 8))
     assert tree.parents.tolist() == plain.parents.tolist()  # the deterministic tree's shape, fixed before drawing
@@ -155,8 +155,8 @@ def test_sampled_trees_sample_the_target_distribution(kind, params):
 
 
 def test_draft_temp_changes_the_draws_and_is_checked():
-    sharp = marginal_tree(draft_temp=0.05).propose(DraftContext([0], None, 8, None, 1.0, torch.Generator()))
-    flat = marginal_tree().propose(DraftContext([0], None, 8, None, 1.0, torch.Generator()))
+    sharp = marginal_tree(draft_temp=0.05).propose(DraftContext([0], None, 8, 1.0, torch.Generator()))
+    flat = marginal_tree().propose(DraftContext([0], None, 8, 1.0, torch.Generator()))
     assert sharp.q[1].max() > 0.9 and flat.q[1].max() < 0.5  # drawn (and reported) at 0.05 x T: nearly one-hot
     with pytest.raises(BlockdraftError, match="draft_temp must be positive"):
         marginal_tree(draft_temp=0.0)
@@ -191,7 +191,7 @@ def test_decoder_hands_temperature_and_generator_to_a_sampled_tree(loop_target):
     counts, steps = loop_samples(loop_target, RejectionAcceptor(params), drafter, n)
     assert chi_square_p(counts, joint, n) > 0.01
     assert sum(lengths[0] == DEPTH + 1 for lengths in steps) > 0.05 * n  # whole sampled paths accepted
-    tree = drafter.propose(DraftContext(PROMPT, None, 8, None, 1.0, torch.Generator().manual_seed(0)))
+    tree = drafter.propose(DraftContext(PROMPT, None, 8, 1.0, torch.Generator().manual_seed(0)))
     assert tree.q is not None and len(tree) == 7
 
 
@@ -203,7 +203,7 @@ def test_a_drawn_token_without_a_table_row_gets_its_own_row_on_demand(more_rows)
     gen = torch.Generator().manual_seed(5)
     conditioned = marginal = 0
     for _ in range(20):
-        tree = drafter.propose(DraftContext([0], None, 8, None, 1.0, gen))
+        tree = drafter.propose(DraftContext([0], None, 8, 1.0, gen))
         for node, kids in enumerate(tree.children):
             token = int(tree.tokens[node])
             if not kids or node == 0 or token < 2:

@@ -40,7 +40,7 @@ def toy_counts(acceptor, drafter, n, seed=0):
     for _ in range(n):
         tokens = [0]
         while len(tokens) <= LENGTH:
-            tree = drafter.propose(DraftContext(tokens, None, 8, None, acceptor.params.temperature, gen))
+            tree = drafter.propose(DraftContext(tokens, None, 8, acceptor.params.temperature, gen))
             acc = acceptor.accept(tree, TABLE[tree.tokens], gen)
             accepted, steps = accepted + acc.accepted_drafts, steps + 1
             tokens += tree.tokens[acc.path[1:]].tolist() + [acc.bonus]

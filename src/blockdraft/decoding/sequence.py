@@ -43,7 +43,6 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + output; tokens[-1] is the next tree's root
     new: list[int] = field(default_factory=list)
     features: torch.Tensor | None = None  # features of the tokens committed since the last propose()
-    verified: tuple | None = None  # the last step's tree and its logits (what token recycling reads)
     keep_chars: int | None = None  # a stop string cuts the text inside a token: the characters kept
     started: float = 0.0
     result: GenerationResult | None = None
@@ -76,8 +75,7 @@ class Sequence:
         return min(self.max_new_tokens - len(self.new), self.max_length - len(self.tokens)) - 1
 
     def context(self) -> DraftContext:
-        return DraftContext(self.tokens, self.features, self.room(), self.verified,
-                            self.acceptor.params.temperature, self.gen)
+        return DraftContext(self.tokens, self.features, self.room(), self.acceptor.params.temperature, self.gen)
 
     def draft(self, max_nodes: int | None = None) -> DraftTree:
         """This step's tree from the drafter, cut to `max_nodes` (root included) and to the room left."""
@@ -109,7 +107,7 @@ class Sequence:
         s.target_calls += 1
         s.tree_nodes += len(tree)
         s.accepted_hist[acc.accepted_drafts] += 1
-        self.verified = (tree, logits)
+        self.drafter.on_step(tree, logits, acc.path)  # feedback to drafters that learn online
         self.features = features[acc.path] if features is not None else None
         self._emit(tree.tokens[acc.path[1:]].tolist() + [acc.bonus], acc.accepted_drafts)
         return acc.accepted_drafts + 1
@@ -141,3 +139,4 @@ class Sequence:
         decode = self.stopper.decode
         text = decode(self.new) if decode is not None else ""
         self.result = GenerationResult(self.new, text[: self.keep_chars] if self.keep_chars is not None else text, s)
+        self.drafter.on_finish(self.prompt_ids, self.new)

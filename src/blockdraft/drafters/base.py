@@ -19,9 +19,6 @@ class DraftContext:
     # the last step, or on the first step the prompt minus its last token. None if the drafter reads none.
     features: torch.Tensor | None
     max_depth: int  # drafts deeper than this would be cut (token budget or context end)
-    # The previous step's tree and the target's logits at its nodes ([n, V], the target's dtype, CPU): what token
-    # recycling drafts from. None on the first step.
-    verified: tuple[DraftTree, torch.Tensor] | None = None
     # The decoder's sampling temperature (0: greedy) and its generator: a drafter in sampling mode draws
     # its drafts with them and reports their distributions in DraftTree.q (trees/sampled.py).
     temperature: float = 0.0
@@ -33,6 +30,12 @@ class Drafter:
 
     `feature_layers` names the target layers whose hidden states the drafter reads; the
     target returns them with every verification pass at no extra call.
+
+    Feedback comes through one hook pair, called by the shared per-sequence code (decoding/sequence.py) in
+    single and batch decoding alike (as transformers' `update_candidate_strategy`): `on_step` after every
+    verification pass, `on_finish` once a generation ends. What a drafter learns across requests (earlier
+    outputs, the target's recent top-k, acceptance calibration) lives in one object its forks share,
+    created by its constructor and cleared in place by `forget`.
     """
 
     name = "base"
@@ -57,6 +60,18 @@ class Drafter:
     def reset(self, prompt_ids: list[int]) -> None:
         """Called once per generation, after the target's prefill of prompt_ids[:-1]."""
 
+    def on_step(self, tree: DraftTree, logits: torch.Tensor, path: list[int]) -> None:
+        """A verification pass is done: the target's logits [n, V] (its dtype, CPU) at every node of `tree`,
+        and the node indices it accepted (root first). Drafters that learn online override it; by default it
+        reaches the drafters this one wraps."""
+        for attribute in self.wraps:
+            getattr(self, attribute).on_step(tree, logits, path)
+
+    def on_finish(self, prompt_ids: list[int], output: list[int]) -> None:
+        """A generation has ended with `output` (the tokens returned to the caller)."""
+        for attribute in self.wraps:
+            getattr(self, attribute).on_finish(prompt_ids, output)
+
     def propose(self, ctx: DraftContext) -> DraftTree:
         raise NotImplementedError
 
@@ -65,7 +80,10 @@ class Drafter:
         Drafters that accumulate per-token state (the block drafter's context cache) override it."""
 
     def forget(self) -> None:
-        """Drop what was learnt from earlier generations (the bench calls it after its warm-up)."""
+        """Drop what was learnt from earlier generations (the bench calls it after its warm-up), for this
+        drafter and its forks."""
+        for attribute in self.wraps:
+            getattr(self, attribute).forget()
 
 
 class LatticeDrafter(Drafter):

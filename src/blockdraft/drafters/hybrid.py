@@ -46,6 +46,9 @@ class AcceptanceCalibrator:
     LENGTHS = (0, 1, 2, 4, 8, 16)  # match-length bin edges (0: a learned source, no match)
 
     def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
         self.accepted = defaultdict(float)
         self.seen = defaultdict(float)
 
@@ -79,6 +82,9 @@ class LearnedGate:
     PRIOR, PRIOR_GAIN, EXPLORE = 4.0, 1.0, 8
 
     def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
         self.steps = defaultdict(float)
         self.gain = defaultdict(float)
         self.retrieved = defaultdict(float)
@@ -196,14 +202,27 @@ class HybridDrafter(Drafter):
     def forget(self) -> None:
         for source in self.retrieval.values():
             source.forget()
-        self.calibrator = AcceptanceCalibrator()
-        self.gate = LearnedGate() if self.gate is not None else None
+        self.calibrator.clear()  # in place: the forks share the calibration and the gate
+        if self.gate is not None:
+            self.gate.clear()
+
+    def on_step(self, tree: DraftTree, logits, path: list[int]) -> None:
+        for source in self.retrieval.values():
+            source.on_step(tree, logits, path)
+        if self.learned:
+            self.learned[1].on_step(tree, logits, path)
+        self._learn(tree.tokens[path[1:]].tolist())
+
+    def on_finish(self, prompt_ids, output) -> None:
+        for source in self.retrieval.values():
+            source.on_finish(prompt_ids, output)
+        if self.learned:
+            self.learned[1].on_finish(prompt_ids, output)
 
     def proposals(self, ctx: DraftContext, depth: int) -> list[Proposal]:
         found = []
         for name, source in self.retrieval.items():
             if name == "recycle":  # the target's own top-k from earlier passes
-                source.recycle(ctx.verified)
                 tokens, parents, probs = source.candidates(ctx.tokens[-1], min(source.depth, depth))
                 found.append(retrieval_proposal(name, Candidates(tokens, parents, probs, 0)))
             elif name == "suffix":  # the request's own tokens and earlier outputs: calibrated apart
@@ -243,7 +262,6 @@ class HybridDrafter(Drafter):
         if self.gate is not None and self._step_started is not None:  # the last step, less the learned drafter
             self.gate.time(rest_s=now - self._step_started - self._learned_s)
         self._step_started, self._learned_s = now, 0.0
-        self._learn(ctx.tokens)
         self._ran = None
         self.steps += 1
         root = ctx.tokens[-1]
@@ -277,18 +295,18 @@ class HybridDrafter(Drafter):
             parents.append(index[path[:-1]])
             keys.append(node.keys)
         tree = DraftTree(tokens, parents)
-        self._last = (tree, keys, len(ctx.tokens))
+        self._last = (tree, keys)
         return tree
 
-    def _learn(self, tokens: list[int]) -> None:
-        """For every node whose parent was accepted: was it accepted too? (read off the tokens that came back)"""
+    def _learn(self, returned: list[int]) -> None:
+        """For every node whose parent was accepted: was it accepted too? (read off the accepted draft tokens:
+        the verified tree may be this one cut to the decoder's row cap)"""
         if self._last is None:
             return
-        tree, keys, start = self._last
+        tree, keys = self._last
         self._last = None
         node, retrieved, accepted = 0, 0, 0
         learned = self.learned[0] if self.learned else None
-        returned = tokens[start:-1]  # the final token is the target's bonus, never a draft
         for d in range(len(returned) + 1):
             nxt = returned[d] if d < len(returned) else None
             accepted_child = None

@@ -4,7 +4,7 @@ Luo et al., "Turning Trash into Treasure: Accelerating Inference of Large Langua
 Token Recycling". Every verification pass computes the target's next-token distribution at
 every tree node, and all but the accepted path's are thrown away. Recycling keeps, per token,
 the top-k next tokens (and their probabilities) from the latest pass in which that token was a
-node: an adjacency table V x k, refreshed every step and kept across generations. Drafting is a
+node: an adjacency table V x k, refreshed after every step (`on_step`) and kept across generations. Drafting is a
 best-first walk through it from the root, a tree of the `budget` most probable paths. It costs
 no model call and needs no training.
 """
@@ -30,18 +30,17 @@ class RecycleDrafter(Drafter):
             raise BlockdraftError("recycle needs k, budget and depth >= 1")
         self.k, self.budget, self.depth, self.min_prob = k, budget, depth, min_prob
         self.vocab_size = vocab_size
-        self.forget()
-
-    def forget(self) -> None:
+        # the table, shared by this drafter's forks (every sequence of a batch writes to it, as in one sequence)
         self.next_tokens = torch.zeros(self.vocab_size, self.k, dtype=torch.long)
         self.next_probs = torch.zeros(self.vocab_size, self.k)  # 0: nothing seen after this token yet
 
+    def forget(self) -> None:
+        self.next_tokens.zero_()  # in place: the forks hold the same tensors
+        self.next_probs.zero_()
+
     @torch.inference_mode()
-    def recycle(self, verified) -> None:
+    def on_step(self, tree: DraftTree, logits: torch.Tensor, path: list[int]) -> None:
         """Row t of the table <- the target's top-k after the latest node holding token t."""
-        if verified is None:
-            return
-        tree, logits = verified
         logits = logits.float()  # the target's dtype (bf16) would round the log-normaliser
         top = logits.topk(self.k, -1)
         probs = torch.exp(top.values - torch.logsumexp(logits, -1, keepdim=True))
@@ -73,7 +72,6 @@ class RecycleDrafter(Drafter):
         return tokens, parents, probs
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        self.recycle(ctx.verified)
         root = ctx.tokens[-1]
         depth = min(self.depth, ctx.max_depth)
         if depth <= 0:

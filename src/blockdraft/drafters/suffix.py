@@ -2,7 +2,7 @@
 
 Oliveira et al., "SuffixDecoding" (Snowflake; vLLM method `suffix`). Two indexes answer each
 step: one over the current request (prompt + output so far) and a global one over the outputs
-of earlier requests in this process (bench turns, server requests). Each finds the longest
+of earlier requests in this process (bench turns, server requests, every sequence of a batch). Each finds the longest
 suffix of the context that occurred before, merges what followed its occurrences into a trie
 counted per node, and keeps the most frequent nodes; the tree whose expected accepted length
 (the sum of its node frequencies) is larger is proposed. Its size adapts to the match: at most
@@ -29,13 +29,31 @@ def candidates_tree(root: int, cand: Candidates) -> DraftTree:
     return DraftTree([root] + cand.tokens, [-1] + [p + 1 for p in cand.parents])
 
 
+class EarlierOutputs:
+    """The outputs of earlier generations, newest last, and their suffix index: what SuffixDecoding's global tree
+    matches. One object, shared by a drafter and all its forks (every sequence of a batch, every server request),
+    filled by `on_finish` as each generation ends."""
+
+    def __init__(self, max_outputs: int):
+        self.max_outputs = max_outputs
+        self.clear()
+
+    def clear(self) -> None:
+        self.outputs: list[list[int]] = []
+        self.index: SuffixIndex | None = None
+
+    def add(self, output: list[int]) -> None:
+        self.outputs = (self.outputs + [list(output)])[-self.max_outputs :]
+        self.index = SuffixIndex.from_documents(self.outputs, SEPARATOR)
+
+
 class SuffixDrafter(Drafter):
     """Per-request + global suffix matching (SuffixDecoding), frequency-ranked, adaptive size.
 
     budget: draft nodes at most; factor: nodes per matched token (SuffixDecoding's
     max_spec_factor); min_prob: drop nodes followed by fewer than this share of the occurrences;
     depth: longest continuation; max_match: longest suffix searched; global_tree: also match the
-    outputs of earlier generations of this drafter (a process-wide cache, `max_global` of them).
+    outputs of earlier generations of this drafter and its forks (`max_global` of them).
     """
 
     name = "suffix"
@@ -46,38 +64,23 @@ class SuffixDrafter(Drafter):
             raise BlockdraftError("suffix needs budget, depth, max_match >= 1, factor > 0 and 0 <= min_prob <= 1")
         self.budget, self.factor, self.min_prob = budget, factor, min_prob
         self.depth, self.max_match = depth, max_match
-        self.global_tree, self.max_global = global_tree, max_global
-        self.outputs: list[list[int]] = []  # earlier generations' outputs, newest last
-        self.global_index: SuffixIndex | None = None
-        self._prompt_len, self._tokens = 0, None
-
-    def reset(self, prompt_ids) -> None:
-        self.finish()
-        self._prompt_len, self._tokens = len(prompt_ids), None
+        self.earlier = EarlierOutputs(max_global) if global_tree else None  # shared with every fork
 
     def forget(self) -> None:
-        self.outputs, self.global_index, self._tokens = [], None, None
+        if self.earlier is not None:
+            self.earlier.clear()
 
-    def observe(self, ctx: DraftContext) -> None:
-        self._tokens = ctx.tokens  # what finish() adds to the global index
-
-    def finish(self) -> None:
-        """Add the last generation's output to the global index (called on the next reset)."""
-        if self._tokens is None or len(self._tokens) <= self._prompt_len:
-            return
-        self.outputs = (self.outputs + [self._tokens[self._prompt_len :]])[-self.max_global :]
-        self._tokens = None
-        if self.global_tree:
-            self.global_index = SuffixIndex.from_documents(self.outputs, SEPARATOR)
+    def on_finish(self, prompt_ids, output) -> None:
+        if self.earlier is not None and output:
+            self.earlier.add(output)
 
     def sources(self, ctx: DraftContext, depth: int) -> list[Candidates]:
         """This step's candidates from the request's own tokens and from the global index."""
-        self._tokens = ctx.tokens
         options = dict(max_length=self.max_match, depth=depth, min_prob=self.min_prob, max_nodes=self.budget)
         local = SuffixIndex(np.asarray(ctx.tokens, dtype=np.int64), SEPARATOR)
         found = [local.candidates(ctx.tokens, exclude_end=True, **options)]
-        if self.global_index is not None:
-            found.append(self.global_index.candidates(ctx.tokens, **options))
+        if self.earlier is not None and self.earlier.index is not None:
+            found.append(self.earlier.index.candidates(ctx.tokens, **options))
         return found
 
     def propose(self, ctx: DraftContext) -> DraftTree:
