@@ -125,7 +125,7 @@ def test_a_target_in_raw_pieces_is_joined_only_with_its_recorded_sha256(tmp_path
         loading._join_pieces(three, tmp_path / "out" / "third.gguf", missing)
 
 
-def test_weights_auto_is_int4_for_a_large_gguf_where_our_kernel_runs(tmp_path, monkeypatch):
+def test_weights_auto_is_int4_for_a_large_gguf_without_bf16_hardware(tmp_path, monkeypatch):
     import torch
 
     from blockdraft.model import precision, qkernel
@@ -135,9 +135,27 @@ def test_weights_auto_is_int4_for_a_large_gguf_where_our_kernel_runs(tmp_path, m
         f.truncate(int(precision.AUTO_INT4_BYTES))  # sparse: no disk used
     small.write_bytes(b"GGUF")
     cpu = torch.device("cpu")
-    monkeypatch.setattr(qkernel, "preferred", lambda: True)
+    monkeypatch.setattr(qkernel, "preferred", lambda size: True)
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
     assert precision.resolve_weights("auto", cpu, loading.resolve_target(big)) == "int4"
     assert precision.resolve_weights("auto", cpu, loading.resolve_target(small)) == "full"
     assert precision.resolve_weights("int8", cpu, loading.resolve_target(small)) == "int8"
-    monkeypatch.setattr(qkernel, "preferred", lambda: False)
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: True)  # a bf16 copy's trees are nearly free there
     assert precision.resolve_weights("auto", cpu, loading.resolve_target(big)) == "full"
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(qkernel, "preferred", lambda size: False)
+    assert precision.resolve_weights("auto", cpu, loading.resolve_target(big)) == "full"
+
+
+def test_large_gguf_models_run_in_our_kernel_on_every_cpu_where_it_builds(monkeypatch):
+    from blockdraft.model import qkernel
+
+    if not qkernel.available():
+        pytest.skip("our kernel does not build here")
+    monkeypatch.delenv("BLOCKDRAFT_QKERNEL", raising=False)
+    monkeypatch.setattr(qkernel, "_cpu_flags", lambda: {"avx2", "avx512f", "amx_bf16"})
+    assert qkernel.preferred(qkernel.LARGE_MODEL_BYTES) and not qkernel.preferred(100e6)
+    monkeypatch.setattr(qkernel, "_cpu_flags", lambda: {"avx2", "fma"})
+    assert qkernel.preferred(100e6)
+    monkeypatch.setenv("BLOCKDRAFT_QKERNEL", "0")
+    assert not qkernel.preferred(qkernel.LARGE_MODEL_BYTES)

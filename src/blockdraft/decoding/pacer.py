@@ -35,14 +35,14 @@ class Pacer:
     """Chooses before each step between drafting (a speculative step) and a plain one-token step.
 
     Speculation pays while its time per emitted token is below a plain step's. Both change as the
-    context grows: a tree pass attends every node to the whole context, so at ~4,000 tokens a
-    17-node tree costs ~1.9 one-token steps here against ~1.3 at ~100, and a drafter's own attention
-    over the context grows too (TreeFlash: 8 ms per step at ~100 tokens, 18 ms at ~4,000). So both are
-    measured as the generation goes: the decoder reports every step, the pacer keeps an exponential
-    average of seconds and tokens per kind, runs the faster kind, and samples the slower one again
-    after `every` steps or once the context has grown by the factor `growth` since its last sample.
-    Plain steps take over only when they are faster by more than `margin`: a retrieval drafter that
-    finds nothing for a while costs a plain step plus ~1 ms, and pacing it out would miss its next match.
+    context grows: a tree pass attends every node to the whole context, so a tree costs more one-token
+    steps at ~4,000 tokens than at ~100, and a drafter's own attention over the context grows too
+    (BENCHMARKS.md, "Decisions": --pace). So both are measured as the generation goes: the decoder
+    reports every step, the pacer keeps an exponential average of seconds and tokens per kind, runs the
+    faster kind, and samples the slower one again after `every` steps or once the context has grown by
+    the factor `growth` since its last sample. Plain steps take over only when they are faster by more
+    than `margin`: a retrieval drafter that finds nothing for a while costs little more than a plain
+    step, and pacing it out would miss its next match.
     A plain step is a tree of the root alone, verified and accepted like any other: lossless.
     """
 

@@ -88,8 +88,8 @@ class DFlashDrafter(LatticeDrafter):
         new = self.model.context(h, pos)
         end = self.n_ctx + len(f)
         # Written in place into buffers grown in chunks, not by concatenating the whole cache every step (an
-        # O(context) copy). At ~4,000 tokens this measured no faster (TreeFlash drafting 17.8 vs 17.3 ms a step):
-        # the drafter's attention over the context is what grows; the copy is simply not needed.
+        # O(context) copy). Even at ~4,000 tokens this measured no faster: the drafter's attention over the context
+        # is what grows; the copy is simply not needed (BENCHMARKS.md, "Decisions": drafters' context cache).
         if not self._keys or end > self._keys[0].shape[1]:
             capacity = -(-end // CONTEXT_CHUNK) * CONTEXT_CHUNK
             grown = [(k.new_empty(k.shape[0], capacity, k.shape[2]), v.new_empty(v.shape[0], capacity, v.shape[2]))

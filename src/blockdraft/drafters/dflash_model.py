@@ -112,8 +112,8 @@ class DFlashLayer(nn.Module):
         # Grouped-query attention folded into a longer query, as in the target's engine (model/engine.py):
         # the `group` query heads that share a KV head are contiguous, so [heads, n, hd] views as
         # [kv_heads, group * n, hd], each row under its token's mask row. 4-D inputs also let SDPA take its
-        # fused CPU kernel; the 3-D, repeat_interleave'd form ran the math path, which at ~4,000 context
-        # tokens spent ~5 ms per layer copying and scaling the keys.
+        # fused CPU kernel; the 3-D, repeat_interleave'd form ran the math path, which copies and scales every
+        # key of the context in each layer (BENCHMARKS.md, "Decisions": grouped-query attention).
         group, n = c.num_heads // c.num_kv_heads, x.shape[0]
         if mask is not None:
             mask = mask.repeat(group, 1)[None, None]

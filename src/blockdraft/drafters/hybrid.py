@@ -10,12 +10,13 @@ length. A node's score is then the calibrated probability that the target accept
 path; the union of the sources' tries is merged, nodes taken best first, and under the machine's
 verification cost curve only as many as pay for their cost (possibly none).
 
-The learned drafter costs time every step it runs (here ~5 ms against a ~25 ms step), so it runs
+The learned drafter costs time every step it runs (a fifth of a step or so), so it runs
 only where it pays (`LearnedGate`): per bin of what the retrieval sources alone expect, the gate
 keeps how many accepted tokens the learned drafter's nodes added, and runs it when that gain beats
-its measured share of the step's time. When the retrieval sources alone already expect `skip` or
-more accepted tokens it is not run either. A skipped learned drafter only takes in the step's
-target features, so copying stretches draft at retrieval cost.
+its measured share of the step's time (BENCHMARKS.md, "Decisions": hybrid gate). When the
+retrieval sources alone already expect `skip` or more accepted tokens it is not run either. A
+skipped learned drafter only takes in the step's target features, so copying stretches draft at
+retrieval cost.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from ..trees.budget import CostCurve, best_budget
 from .base import DraftContext, Drafter
 from .suffix_index import Candidates
 
-# 31 draft nodes + the root fill two of the AMX kernels' 16-row tiles: nodes 25-31 cost ~0.02 steps in all
-# (trees/budget.py). Held-out ShareGPT, 2026-12-03: 2.02x `ar` against 1.83x with 24 (one run); quick subset 4.34x
-# against 4.27x `hf`. The cost-aware cut still decides how many of them are sent.
+# 31 draft nodes + the root fill two of the AMX kernels' 16-row tiles, so nodes 25-31 are nearly free
+# (trees/budget.py) and 31 beat 24 (BENCHMARKS.md, "Decisions": hybrid budget). The cost-aware cut still decides how
+# many of them are sent.
 BUDGET = 31
 
 

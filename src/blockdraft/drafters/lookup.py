@@ -18,20 +18,19 @@ class PromptLookupDrafter(Drafter):
     `max_branches` > 1, the continuations of several matches (most recent first, distinct)
     are merged into a small trie and verified together.
 
-    min_ngram defaults to 2: on a CPU, verifying any draft costs ~1.4x a single-token step, and
-    one-token matches are accepted too rarely to pay for it. Tuned on held-out ShareGPT prompts
-    (never on Spec-Bench): 1.17x over `ar` with min_ngram=1, 1.36x with 2; max_ngram=4 (1.38x)
-    and max_branches=3 (1.40x) are within noise of the default (BENCHMARKS.md).
+    min_ngram defaults to 2: on a CPU, verifying any draft costs clearly more than a single-token
+    step, and one-token matches are accepted too rarely to pay for it; max_ngram=4 or
+    max_branches=3 were within noise of the defaults. Tuned on held-out ShareGPT prompts, never on
+    Spec-Bench (BENCHMARKS.md, "Decisions": lookup).
 
     `min_gain` > 0 makes drafting cost-aware: the drafter learns, per n-gram length, how many
     of its draft tokens the target accepted (a running mean, read off the tokens that come
     back), and stops drafting on matches whose expected gain is below `min_gain` tokens, since
     such drafts cost more verification time than they save. The estimate drifts back towards
     its optimistic start while not drafting, so a match length that turns useful is retried.
-    On held-out ShareGPT with the float32 engine, min_gain=0.4 took greedy decoding from 1.37x to 1.43x over
-    `ar` and sampling at T=1 from 0.96x to 0.99x (0 switches it off). With bf16 verification (the default
-    here) a draft costs less, and the threshold came down: on 16 held-out ShareGPT prompts 0.2 gave 1.61x,
-    0 1.60x and 0.4 1.53x `ar` (BENCHMARKS.md, 2026-12-02).
+    0 switches it off. The threshold follows what a draft costs: tuned to 0.4 with float32
+    verification, it came down to 0.2 with bf16 (the default here), where a draft costs less
+    (BENCHMARKS.md, "Decisions": lookup).
     """
 
     name = "lookup"

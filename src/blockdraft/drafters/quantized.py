@@ -2,21 +2,20 @@
 
 A one-row matmul reads every weight byte to use it once, so on a CPU a one-token step is bound by the
 bytes it reads. A copy of the target's decoder with its projections in float16 (or int8 per output
-channel) reads half (a quarter) of them: on the AVX2-only EPYC a compiled float16 step took 18.5 ms
-against the float32 target's 36.8, and its greedy token was the float32 target's on 97% of held-out
-ShareGPT positions in int8, 99.7% in float16 (BENCHMARKS.md, 2026-12-04). The copy needs no training and exists for any
-target the static engine runs. What it drafts is verified by the target as usual, so the output is the
-target's; the copy only decides how much gets accepted (QSpec, Zhao et al. 2024, drafts the same way
-with a W4A4 copy of the verifier).
+channel) reads half (a quarter) of them, so its step costs about half the target's, and its greedy
+token is nearly always the target's (BENCHMARKS.md, "Decisions": quantized). The copy needs no
+training and exists for any target the static engine runs. What it drafts is verified by the target as
+usual, so the output is the target's; the copy only decides how much gets accepted (QSpec, Zhao et al.
+2024, drafts the same way with a W4A4 copy of the verifier).
 
 The copy reads the target's own keys and values for the committed prefix, so it has no cache or prefill
 of its own: its draft tokens' keys and values go to the slots after the prefix, where the verification
-pass that follows overwrites them (`StaticEngine.draft_step`). The chain can stop early at a token the copy
-itself is unsure of (top probability below `min_prob`), but by default it does not: on held-out ShareGPT
-the float16 copy's drafts were accepted at 94-100% at every depth, and stopping at min_prob 0.1 (0.5) drew
-1.50x (1.49x) `ar` against 1.53x with no stop (depth 6; depth 4: 1.45x, depth 8: 1.55x; 2026-12-04).
-Each draft costs about half a target step, which caps the method near 2x `ar` (1.50x on the Spec-Bench
-quick subset, below `suffix`'s 1.77x: its drafts are nearly free where the text repeats).
+pass that follows overwrites them (`StaticEngine.draft_step`). The chain can stop early at a token the
+copy itself is unsure of (top probability below `min_prob`), but by default it does not: on held-out
+ShareGPT the float16 copy's drafts were nearly all accepted, at every depth, so a stop loses more
+accepted tokens than it saves drafting (BENCHMARKS.md, "Decisions": quantized). Each draft costs
+about half a target step, which caps the method near 2x `ar` and leaves it behind `suffix` where the text
+repeats (suffix's drafts are nearly free).
 
 At T > 0 the chain is sampled from the copy's own tempered distribution, reported in `DraftTree.q` for
 rejection sampling; whether to go on depends only on the tokens drawn so far, which keeps the output

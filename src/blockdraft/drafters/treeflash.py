@@ -36,8 +36,8 @@ from .checkpoint import drafter_kind, load_checkpoint, load_weights, save_drafte
 from .context_copy import NO_COPY, extend_table
 
 
-# Transition rows over each depth's 128 likeliest marginal tokens, not the 8k draft vocabulary: on held-out ShareGPT
-# (2026-12-03) hydra's drafting fell by ~0.45 ms a step, tau did not fall (hydra 1.99 -> 2.00, treeflash 1.97 -> 2.05)
+# Transition rows over each depth's 128 likeliest marginal tokens, not the 8k draft vocabulary: drafting gets cheaper
+# and, on held-out ShareGPT, tau did not fall (BENCHMARKS.md, "Decisions": columns)
 COLUMNS = 128
 
 
@@ -102,8 +102,8 @@ class TreeFlashDrafter(Drafter):
     whole draft vocabulary)."""
 
     # Tokens of each transition row a sampled child may be drawn from (a sampled step reads at least as many columns).
-    # At T = 1, paired at the same contexts on held-out ShareGPT (BENCHMARKS.md, "Decisions"): 128 against
-    # 32 tau +1.7% / +2.1% (711 / 1,040 steps; 64: +1.3%, 8: -7.9%), 512 against 128 +4.6% [+2.0%, +7.3%] (1,862)
+    # At T = 1 a wider support accepts more, paired at the same held-out contexts, for a little more drafting
+    # (BENCHMARKS.md, "Decisions": sampled columns)
     SAMPLE_SUPPORT = 512
 
     name = "treeflash"

@@ -166,9 +166,10 @@ class BatchEngine:
         """`forward(first, tokens, depths, allowed, hidden_layers)` and, in the same pass, the next `chunk`
         of a prompt into `slot` (outside the step's slots): causal after what the slot holds, no logits.
 
-        Why one pass: a forward here costs a floor of ~25-30 ms whatever its size (the matmuls' per-call
+        Why one pass: a forward here costs at least a one-token step whatever its size (the matmuls' per-call
         cost), which a prompt prefilled on its own pays again while every running sequence waits; folded
-        into a step, the chunk's rows ride on the step's matmuls. Returns (logits, hidden, chunk_hidden).
+        into a step, the chunk's rows ride on the step's matmuls (BENCHMARKS.md, "Decisions": prefill_chunk).
+        Returns (logits, hidden, chunk_hidden).
         Runs eager (the compiled graphs take one block).
         """
         self._reserve(max(self._end(first, tokens), self._end(slot, [chunk])) + 1)

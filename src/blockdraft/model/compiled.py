@@ -4,8 +4,8 @@ Full weights compile into one graph with every size symbolic (`compiled_step`). 
 graph per row count (`static_rows_step`, trees padded up to a bucket), because inductor's fast kernel for int4
 weights -- a C++ GEMM template with AVX512/AMX micro-kernels that dequantizes each block in registers, chosen by
 max-autotune -- needs the row count fixed: with symbolic rows it keeps aten's matrix-vector kernel, whose time grows
-with every row. Measured on the AMX Xeon (SmolLM2-135M, bf16, int4, 400-token context; runs of
-`benchmarks/engine_costs.py`): a one-token step 10.9 ms against 15.3 eager, a 16-row pass 20.1 ms against 33.4.
+with every row. The fixed-row graphs make int4 steps and tree passes clearly faster than eager ones
+(BENCHMARKS.md, "Decisions": PLANE_MAX_ROWS).
 """
 
 from __future__ import annotations

@@ -147,11 +147,11 @@ class Decoder(nn.Module):
         self.register_buffer("embed_scale", None if traits.embed_scale is None else
                              torch.tensor(traits.embed_scale).to(self.embed.dtype))  # as Gemma: rounded to dtype
         # Built from a GGUF file with quantized weights (model/gguf_model.py), the projections exist only as the file's
-        # integers (qkernel.QWeight): our kernel runs them where it is the faster one (qkernel.preferred: AVX2 without
-        # AVX512, BENCHMARKS.md "Qwen2.5-Coder-1.5B"), with no float copy; elsewhere they become torch's int4 planes
-        # plus a full copy of the same values, as any model's quantized weights (the measured AMX / Zen 4 path)
+        # integers (qkernel.QWeight): our kernel runs them where it is the faster one (qkernel.preferred), with no
+        # float copy; elsewhere (small models on AVX512 / AMX CPUs) they become torch's int4 planes plus a full copy of
+        # the same values, as any model's quantized weights
         from_file = weights != "full" and any(p.is_meta for p in model.parameters())
-        ours = from_file and qkernel.preferred()
+        ours = from_file and qkernel.preferred(planes.file_bytes)
 
         def linear(linears):
             if weights == "full":
@@ -285,9 +285,7 @@ class Decoder(nn.Module):
             # of its rows attending under its token's mask row). That reads each key and value once per KV
             # head; SDPA's own enable_gqa path ran about twice as slow on this CPU for small queries over long
             # caches. The mask goes in as an additive bias, which the CPU kernel takes faster than a bool
-            # one. Measured here (bf16, 2 threads, per layer): a batch of 8 two-node trees over 1,000
-            # positions 1,222 us -> 546; one 17-node tree over 4,000 positions 1,045 -> 706
-            # (benchmarks/attention_gqa.py).
+            # one (benchmarks/attention_gqa.py; BENCHMARKS.md, "Decisions": grouped-query attention).
             if self.row_exact and n > 1 and rows.mask is not None:
                 # each row exactly as a one-token step computes it (StaticEngine.row_exact): over the keys it may
                 # see, gathered in order (a one-token step after the commit sees the same keys, same length)
@@ -311,10 +309,9 @@ class StaticEngine:
     accepted slots next to the prefix, in place; the rest is overwritten by the next forward.
 
     With `compile=True` the steps after the prefill (one token or a tree) run the compiled decoder;
-    prefills stay eager: one per prompt, and a graph of their own (commit 8f241d8, BENCHMARKS.md 2026-12-04)
-    prefilled 1.5x faster up to 256 tokens, 1.2x at 512-774 and no faster from 1,024 on AMX, ~1-2% of a
-    bench turn, for ~70 s more compilation at load. Both graphs are compiled when the engine is made, on a
-    throwaway sequence, and `compile_seconds` says how long that took.
+    prefills stay eager: there is one per prompt, a small share of a turn, so a graph of their own gained little
+    end to end and cost more compilation at load (BENCHMARKS.md, "Decisions": --compile). Both graphs are
+    compiled when the engine is made, on a throwaway sequence, and `compile_seconds` says how long that took.
     """
 
     def __init__(self, model, compile: bool = False, weights: str = "full", planes: dict | None = None):

@@ -57,8 +57,9 @@ def _layer_key(name: str) -> str:
 class CachedWeights(Mapping):
     """nn.Linear -> QWeight (model/qkernel.py), read from the cache folder when asked for, one at a time."""
 
-    def __init__(self, folder: Path, modules: dict[str, nn.Module]):
+    def __init__(self, folder: Path, modules: dict[str, nn.Module], file_bytes: int):
         self.folder, self.by_module = folder, {m: name for name, m in modules.items()}
+        self.file_bytes = file_bytes  # the GGUF file's size (which kernel runs it: qkernel.preferred)
 
     def __getitem__(self, module) -> qkernel.QWeight:
         from safetensors import safe_open
@@ -129,7 +130,7 @@ def _write_planes(model, reader, names: dict[str, str], folder: Path, weights: s
     if head is not None and all(entry[0] != head for entry in by_layer.get("other", [])):
         # a tied LM head: the file stores the embedding only, and the head reads the same blocks
         by_layer.setdefault("other", []).append((head, model.get_submodule(head), embedding))
-    if qkernel.preferred():  # the embedding too stays the file's integers (qkernel.Embedding)
+    if qkernel.preferred(reader.data.size):  # the embedding too stays the file's integers (qkernel.Embedding)
         by_layer.setdefault("other", []).append((embed, model.get_submodule(embed), embedding))
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,7 @@ def build(folder: Path, gguf: Path, dtype: torch.dtype, weights: str, planes_fol
         return model.eval(), None
     # a tied head's weight is the (dense) embedding; its planes are in the cache like every other projection's
     modules = dict(model.named_modules())
-    return model.eval(), CachedWeights(planes_folder, {n: modules[n] for n in cached})
+    return model.eval(), CachedWeights(planes_folder, {n: modules[n] for n in cached}, gguf.stat().st_size)
 
 
 def _cached_names(folder: Path) -> set[str]:

@@ -5,8 +5,8 @@ kept in one or two of these forms:
 
 - full: the target's dtype, prepacked for oneDNN where that applies (model/packing.py);
 - planes: 4-bit planes in groups of 32 (model/quantized_weights.py), when the target runs with int8 or int4
-  weights. aten's int4 kernel is a matrix-vector kernel: its time grows with every row (on the AMX Xeon, bf16, a
-  3072 x 576 matrix: 51 us for 1 row, 325 us for 16, 632 us for 32), while a full prepacked matmul costs about
+  weights. aten's int4 kernel is a matrix-vector kernel: its time grows with every row (about 12x from 1 to 32
+  rows on the AMX Xeon; BENCHMARKS.md, "Decisions": PLANE_MAX_ROWS), while a full prepacked matmul costs about
   the same for 1 and 32 rows. So calls of up to `max_rows` rows (one-token steps, small trees) read the planes,
   and larger ones (prefills, large trees) the full weight *that the planes dequantize to*: the same model, bit
   for bit in float32; in bf16 the kernel multiplies by (q - 8) * scale + zero with scale and zero in bf16, and
@@ -26,16 +26,15 @@ from torch import nn
 from . import packing, qkernel
 from . import quantized_weights as qw
 
-# Calls of up to this many rows read the planes, larger ones the full weight: where the planes' kernel is the faster
-# (benchmarks/weight_kernels.py, BENCHMARKS.md "Quantized weights"; AMX Xeon, 2 threads, SmolLM2-135M's linears,
-# bf16: int4 6.6 ms for 1 row, 16.0 for 8, 28.7 for 16, full 17 ms flat; two-plane int8 12.0, 17.9 for 4). torch
-# 2.13's kernel has a fast path for bf16 activations only (float32: 125 ms for 1 row, float16 ~40x bf16): in those
-# dtypes every call reads the full weight, which in float32 is the planes' values exactly.
+# Calls of up to this many rows read the planes, larger ones the full weight: the planes' kernel reads fewer bytes,
+# so it wins at a few rows, but its time grows with every row while the full weight's stays nearly flat
+# (benchmarks/weight_kernels.py; BENCHMARKS.md, "Decisions": PLANE_MAX_ROWS). torch 2.13's kernel has a
+# fast path for bf16 activations only, and is many times slower in float32 and float16: in those dtypes every call
+# reads the full weight, which in float32 is the planes' values exactly.
 PLANE_MAX_ROWS = {(4, torch.bfloat16): 8, (8, torch.bfloat16): 4}  # (bits a weight: 4 per plane, dtype)
-# Compiled (inductor's int4 GEMM template, one graph per row bucket), one plane beats the full weight at every bucket
-# on SmolLM2 (a 16-row pass 20.1 ms against 26.7), but two planes only at one row: the template's times for Gemma 3
-# 270M's 262,144 x 640 Q8_0 LM head were 10.8 ms at 1 row, 16.0 / 21.1 / 26.7 / 40.6 ms at 4 / 8 / 16 / 32, against
-# 13.4 / 13.5 / 14.5 / 14.5 / 20.2 ms for its prepacked bf16 copy (AMX Xeon, 2 threads, 2026-12-07).
+# Compiled (inductor's int4 GEMM template, one graph per row bucket), one plane beats the full weight at every bucket,
+# but two planes only at one row: from 4 rows on, the template over Gemma 3 270M's 262,144 x 640 Q8_0 LM head falls
+# behind its prepacked bf16 copy (BENCHMARKS.md, "Decisions": PLANE_MAX_ROWS).
 COMPILED_PLANE_MAX_ROWS = {4: 1 << 30, 8: 1}
 
 

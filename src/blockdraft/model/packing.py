@@ -8,11 +8,11 @@ follow later updates of the weight, so packed paths run only under torch.inferen
 A drafter may also keep an int8 copy of a weight (per output channel, symmetric) for calls of a few rows,
 read by aten's int8 weight-only kernel with bf16 activations. Such a call reads every weight byte to use it
 a few times, and after a target pass the drafter's weights come from memory, not cache: on a CPU without
-bf16 hardware (AVX2 only) a float32 4 x 576 x 8192 matmul took 3.1 ms cold and the int8 one 0.8 ms; from
-~32 rows the int8 kernel is compute-bound and slower (BENCHMARKS.md, "Decisions": drafters' int8). With bf16
-weights on an AMX CPU it gained nothing in the loop (BENCHMARKS.md, 2026-12-02), so `int8="auto"` quantizes
-float32 weights only. Drafts may change slightly; what the target accepts never depends on them, so decoding
-stays lossless. Never used for the target.
+bf16 hardware (AVX2 only) reading a quarter of the bytes makes such a call several times faster; from ~32
+rows the int8 kernel is compute-bound and slower. With bf16 weights on an AMX CPU it gained nothing in the
+loop, so `int8="auto"` quantizes float32 weights only (BENCHMARKS.md, "Decisions": drafters' int8). Drafts
+may change slightly; what the target accepts never depends on them, so decoding stays lossless. Never used
+for the target.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 # the int8 kernel serves calls up to this many rows: measured faster than float32 up to 16 rows on AVX2 and
-# than packed bf16 up to 4 on AMX (the module docstring's sources)
+# than packed bf16 up to 4 on AMX (BENCHMARKS.md, "Decisions": drafters' int8)
 INT8_MAX_ROWS = {torch.float32: 16, torch.bfloat16: 4}
 INT8_AUTO_MIN_ELEMENTS = 1 << 18  # int8="auto" skips smaller weights: they stay in cache, there is no traffic to save
 

@@ -87,20 +87,22 @@ def check_weights(spec: str | None) -> str:
     return name
 
 
-AUTO_INT4_BYTES = 300e6  # GGUF files at least this large get int4 from `auto` where our kernel runs
+AUTO_INT4_BYTES = 300e6  # GGUF files at least this large get int4 from `auto` on CPUs without bf16 hardware
 
 
 def resolve_weights(spec: str | None, device: torch.device, source=None) -> str:
-    """'auto' -> int4 for a GGUF `source` of at least AUTO_INT4_BYTES on a CPU where our kernel runs its blocks
-    (qkernel.preferred: AVX2 without AVX512), where full weights compute in float32: Qwen2.5-Coder-1.5B's step ~0.1 s
-    against ~0.8 s; SmolLM2-135M's full float32 step was the faster one (BENCHMARKS.md, "Decisions"). Else full: on
-    AMX / Zen 4 the full bf16 weights' methods were faster on the quick subset. int8 and int4 need the CPU."""
+    """'auto' -> int4 for a GGUF `source` of at least AUTO_INT4_BYTES on a CPU without bf16 hardware (AVX2 only),
+    where full weights would compute in float32, twice a bf16 copy's bytes and ~8x the file's; there our kernel runs
+    the file's own blocks (qkernel.preferred). Else full: with AMX / AVX512-BF16 a full bf16 copy makes a tree nearly
+    as cheap as one token, and its methods were the faster (BENCHMARKS.md, "Decisions": --weights auto). int8 and
+    int4 need the CPU."""
     name = check_weights(spec)
     if name == "auto":
         from .qkernel import preferred
 
-        big_gguf = source is not None and source.is_gguf and source.path.stat().st_size >= AUTO_INT4_BYTES
-        return "int4" if big_gguf and torch.device(device).type == "cpu" and preferred() else "full"
+        size = source.path.stat().st_size if source is not None and source.is_gguf else 0
+        cpu = torch.device(device).type == "cpu"
+        return "int4" if cpu and size >= AUTO_INT4_BYTES and not cpu_has_fast_bf16() and preferred(size) else "full"
     if name != "full" and torch.device(device).type != "cpu":
         raise BlockdraftError(f"--weights {name} runs on torch's CPU int4 kernel: use --device cpu or --weights full")
     return name

@@ -198,14 +198,21 @@ def available() -> bool:
     return _extension() is not None
 
 
-def preferred() -> bool:
-    """Whether a GGUF target's quantized projections run here (else as torch's int4 planes with a full copy):
-    measured faster on the AVX2-only EPYC (a 1.5B one-token step ~110 ms against ~500 with torch's kernel in bf16);
-    on AVX512 / AMX CPUs torch's kernel was fast and ours is not measured yet. BLOCKDRAFT_QKERNEL=1 / 0 decides."""
+# A GGUF model at least this large runs in our kernel on every CPU where it builds: torch's int4 path keeps a full
+# copy of the weights beside the planes (what its trees read), GBs for a 1.5B model, and its one-row kernel was the
+# slower one for Qwen2.5-Coder-1.5B on the AMX Xeon too (BENCHMARKS.md, "Decisions": qkernel.preferred).
+LARGE_MODEL_BYTES = 300e6
+
+
+def preferred(file_bytes: float) -> bool:
+    """Whether a GGUF file's quantized projections (`file_bytes` in all) run here, with no float copy, rather than as
+    torch's int4 planes plus a full copy: on CPUs without AVX512, where torch's kernel has no fast path, always; on
+    AVX512 / AMX CPUs for large models only (torch's compiled int4 template with a full copy for trees stays the
+    faster path for a small model). BLOCKDRAFT_QKERNEL=1 / 0 decides."""
     choice = os.environ.get("BLOCKDRAFT_QKERNEL")
     if choice is not None:
         return choice == "1" and available()
-    return "avx512f" not in _cpu_flags() and available()
+    return ("avx512f" not in _cpu_flags() or file_bytes >= LARGE_MODEL_BYTES) and available()
 
 
 @torch.library.custom_op("blockdraft::qlinear", mutates_args=())

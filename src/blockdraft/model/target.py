@@ -193,8 +193,9 @@ class Target:
         allowed = None if tree.is_chain() else tree.ancestor_mask().to(device)  # a chain is plain causal
         logits, hidden = self.forwarder.forward(tree.tokens.to(device), positions, allowed, self.feature_layers)
         # Acceptors run on the CPU (tiny trees, Python control flow); features stay on the device. The logits stay
-        # in the target's dtype: converting all rows of a 32-node tree costs ~0.16 ms, and the greedy acceptor
-        # reads only the accepted path's rows (samplers convert what they read).
+        # in the target's dtype: converting every row of a large tree is wasted work, as the greedy acceptor reads
+        # only the accepted path's rows (samplers convert what they read; BENCHMARKS.md, "Decisions": acceptance
+        # costs).
         return TargetOutput(logits.cpu(), self._features(hidden))
 
     @torch.inference_mode()

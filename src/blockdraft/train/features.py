@@ -120,8 +120,8 @@ class FeatureStore:
         """float32 features at `rows` (a slice or an index array) and columns `cols`, on `device`.
 
         Copied as float16 and widened by torch on the device: numpy's float16 -> float32 conversion is
-        ~6x slower than torch's, and was the block drafter's training step on a GPU (37 ms of every
-        2,048-token conversation), and a GPU takes half the bytes."""
+        several times slower than torch's and made up the block drafter's training step on a GPU, and a GPU
+        takes half the bytes (BENCHMARKS.md, "Decisions": feature stores)."""
         x = self.features[rows]
         if len(cols) != x.shape[1] or not np.array_equal(cols, np.arange(len(cols))):
             x = x[:, cols]

@@ -134,8 +134,8 @@ def widen(module: ARApproxModule, inner_size: int, name: str = "the AR module") 
     """The same function with `inner_size` hidden units (Net2Net-style), so that a fine-tune can add capacity
     without losing what the module learned: the added units get random gate/up rows scaled like the trained ones
     and zero columns in the down projection, so the output is unchanged until training moves them. Why: trained
-    from scratch, a 3x wider module decoded held-out ShareGPT at tau 2.02 against 1.90 (BENCHMARKS.md, 2026-12-04),
-    and retraining from scratch would give up the shipped modules' rounds of self-distillation."""
+    from scratch, a 3x wider module drafted held-out ShareGPT better (BENCHMARKS.md, "Decisions": treeflash module
+    width), and retraining from scratch would give up the shipped modules' rounds of self-distillation."""
     n = module.config.inner_size
     if inner_size == n:
         return module

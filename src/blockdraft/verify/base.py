@@ -52,8 +52,8 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> int:
     """One draw from p (unnormalised is fine) with `gen`, on the generator's device (the decoder's is a CPU
     generator, so a run's samples depend on its seed, not on where the target runs).
 
-    By inverting the float64 CDF: torch.multinomial over a 49k vocabulary takes ~2 ms on one CPU core,
-    this ~0.1 ms, and every step at T > 0 draws at least once."""
+    By inverting the float64 CDF: torch.multinomial over a 49k vocabulary is ~20x dearer on one CPU core, and
+    every step at T > 0 draws at least once (BENCHMARKS.md, "Decisions": acceptance costs)."""
     if gen is not None and p.device != gen.device:
         p = p.to(gen.device)
     cdf = p.double().cumsum(-1)

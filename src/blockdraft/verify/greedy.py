@@ -13,10 +13,10 @@ class GreedyAcceptor(Acceptor):
     CONVERT_ALL = 8  # trees of at most this many nodes have all their rows converted at once
 
     def accept(self, tree: DraftTree, logits: torch.Tensor, gen=None) -> Acceptance:
-        # Only the rows along the accepted path are read: numpy's argmax of one float32 row of the target's
-        # vocabulary takes ~3 us, torch's max over all rows of a 32-node tree ~0.4 ms. Converting a bf16 row costs
-        # ~13 us when done row by row and ~5 us a row when all are converted at once, so a small tree is converted
-        # whole and a large one row by row. Both argmaxes return the first maximal index.
+        # Only the rows along the accepted path are read: numpy's argmax of one row is far cheaper than torch's max
+        # over every row of a large tree. Converting bf16 rows costs less a row when all are converted at once, but
+        # a large tree's unread rows outweigh that, so a small tree is converted whole and a large one row by row
+        # (BENCHMARKS.md, "Decisions": acceptance costs). Both argmaxes return the first maximal index.
         small = len(tree) <= self.CONVERT_ALL
         rows = logits.detach().float().cpu().numpy() if small else None
 
