@@ -35,6 +35,7 @@ class Method:
     hybrid: str | None = None  # one of HYBRID_ROLES: a source that hybrid's sources= may name
     trainer: str | None = None  # `blockdraft train --drafter KIND` that makes its checkpoint (train/KIND.py)
     exporter: str | None = None  # vLLM's speculative method its checkpoint exports as (`blockdraft export`)
+    int4_target: bool = True  # runs beside a target with int4 weights (`quantized` lowers the target's own copy)
 
 
 METHODS: dict[str, Method] = {}  # name -> Method, in the order --help lists them
@@ -224,7 +225,7 @@ register(Method("recycle", "token recycling: best-first trees over the target's 
                 "k= budget= depth= min_prob=", hybrid="retrieval"))
 register(Method("quantized", "self-speculation: a float16/int8 copy of the target drafts a chain on its cache "
                              "(training-free)", QuantizedDrafter, "depth= min_prob= weights=auto|float16|int8",
-                hybrid="learned"))
+                hybrid="learned", int4_target=False))
 register(Method("rest", "REST: longest-suffix retrieval from a ShareGPT datastore, merged into a trie", rest_method,
                 "datastore=DIR budget= depth= max_match= occurrences= min_prob= min_match=", hybrid="retrieval",
                 trainer="datastore"))

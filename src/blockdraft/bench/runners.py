@@ -116,7 +116,8 @@ def check_methods(methods: list[str], weights: str = "full") -> None:
     from ..drafters.quantized import refuse_int4_target
 
     for m in methods:
-        if check_method(m, also=tuple(HF_METHODS)) == "quantized":  # registered (methods.py), or transformers' own
+        name = check_method(m, also=tuple(HF_METHODS))  # registered (methods.py), or transformers' own
+        if name in METHODS and not METHODS[name].int4_target:
             refuse_int4_target(weights)
     if "ar" not in methods:
         raise BlockdraftError("the benchmark needs 'ar' among the methods: every speedup is measured against it")

@@ -75,6 +75,12 @@ class Drafter:
     def propose(self, ctx: DraftContext) -> DraftTree:
         raise NotImplementedError
 
+    def retrieve(self, ctx: DraftContext, depth: int) -> list:
+        """A retrieval source's candidates for `hybrid` (methods.py: hybrid="retrieval"): [(part, Candidates)], each
+        part calibrated apart (drafters/hybrid.py), None for the source's main trie. By default one trie,
+        `candidates(ctx, depth)`."""
+        return [(None, self.candidates(ctx, depth))]
+
     def observe(self, ctx: DraftContext) -> None:
         """Take in a step's context without drafting (a hybrid that skips this drafter for a step).
         Drafters that accumulate per-token state (the block drafter's context cache) override it."""

@@ -1,10 +1,10 @@
 """Context copy: the token that followed a token's last occurrence in the context, an input of the AR module.
 
 Why: a model's replies repeat their context (what `lookup` and `suffix` exploit), which a drafter that sees the
-context only through the target's last state cannot copy. On Gemma 3 270M's held-out store the token after the
-parent's last occurrence was the target's top-1 at 66-69% of hydra's four depths, where the shipped module given
-the true parent was right at 55 / 38 / 35 / 32% (`benchmarks/copy_potential.py`, 2026-12-07). The module reads it as one
-more embedding beside the parent's (drafters/treeflash.py), so it learns when to trust it.
+context only through the target's last state cannot copy. On a held-out store the token after the parent's last
+occurrence was the target's top-1 more often, at every depth, than the module's own guess given the true parent
+(`benchmarks/copy_potential.py`; BENCHMARKS.md, "Decisions": treeflash --copy). The module reads it as one more
+embedding beside the parent's (drafters/treeflash.py), so it learns when to trust it.
 
 The same rule at both ends, tested equal: decoding keeps a table over the request's tokens (`extend_table`),
 training reads it from a feature store's token array (`copy_tokens`). The context ends at the root, the last

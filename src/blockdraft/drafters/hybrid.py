@@ -30,7 +30,6 @@ from ..errors import BlockdraftError
 from ..trees import DraftTree
 from ..trees.budget import CostCurve, best_budget
 from .base import DraftContext, Drafter
-from .suffix_index import Candidates
 
 # 31 draft nodes + the root fill two of the AMX kernels' 16-row tiles, so nodes 25-31 are nearly free
 # (trees/budget.py) and 31 beat 24 (BENCHMARKS.md, "Decisions": hybrid budget). The cost-aware cut still decides how
@@ -222,16 +221,9 @@ class HybridDrafter(Drafter):
 
     def proposals(self, ctx: DraftContext, depth: int) -> list[Proposal]:
         found = []
-        for name, source in self.retrieval.items():
-            if name == "recycle":  # the target's own top-k from earlier passes
-                tokens, parents, probs = source.candidates(ctx.tokens[-1], min(source.depth, depth))
-                found.append(retrieval_proposal(name, Candidates(tokens, parents, probs, 0)))
-            elif name == "suffix":  # the request's own tokens and earlier outputs: calibrated apart
-                found_here = source.sources(ctx, min(source.depth, depth))  # no global entry without its tree
-                for label, cand in zip(("suffix", "suffix-global"), found_here, strict=False):
-                    found.append(retrieval_proposal(label, cand))
-            else:
-                found.append(retrieval_proposal(name, source.candidates(ctx, min(source.depth, depth))))
+        for name, source in self.retrieval.items():  # each source's tries, each part calibrated apart
+            for part, cand in source.retrieve(ctx, min(source.depth, depth)):
+                found.append(retrieval_proposal(name if part is None else f"{name}-{part}", cand))
         for p in found:
             self._score(p)
         expected = max((sum(p.score) for p in found), default=0.0)  # accepted tokens, each source alone

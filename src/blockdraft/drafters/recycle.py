@@ -18,6 +18,7 @@ import torch
 from ..errors import BlockdraftError
 from ..trees import DraftTree
 from .base import DraftContext, Drafter
+from .suffix_index import Candidates
 
 
 class RecycleDrafter(Drafter):
@@ -70,6 +71,10 @@ class RecycleDrafter(Drafter):
                     if p > 0 and -neg * p >= self.min_prob:
                         heapq.heappush(heap, (neg * p, node, t, d + 1))
         return tokens, parents, probs
+
+    def retrieve(self, ctx: DraftContext, depth: int) -> list[tuple[str | None, Candidates]]:
+        """The best-first tree under the root as hybrid's candidates (no match length: calibrated as one bin)."""
+        return [(None, Candidates(*self.candidates(ctx.tokens[-1], depth), 0))]
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]

@@ -83,6 +83,10 @@ class SuffixDrafter(Drafter):
             found.append(self.earlier.index.candidates(ctx.tokens, **options))
         return found
 
+    def retrieve(self, ctx: DraftContext, depth: int) -> list[tuple[str | None, Candidates]]:
+        """The request's own matches and earlier outputs' (when there are any), calibrated apart by hybrid."""
+        return list(zip((None, "global"), self.sources(ctx, depth), strict=False))
+
     def propose(self, ctx: DraftContext) -> DraftTree:
         root = ctx.tokens[-1]
         depth = min(self.depth, ctx.max_depth)

@@ -19,8 +19,7 @@ children, q_c = one-hot). We checked the update rule by exact enumeration (every
 over a 4-token vocabulary, deviation ~1e-17) before writing it here; tests/test_traversal.py checks it
 by chi-square on the toy target and on the real loop, with a broken update as the negative control.
 With deterministic drafts it accepts as much as token-level rejection (which is already optimal for
-one-hot q); with sampled drafts it accepts more: 5.1% more drafts on the same sampled TreeFlash trees at T = 1
-(Spec-Bench, 1,618 steps; BENCHMARKS.md, 2026-12-06).
+one-hot q); with sampled drafts it accepts more (BENCHMARKS.md, "Decisions": acceptor at T > 0).
 """
 
 from __future__ import annotations
