@@ -43,7 +43,7 @@ WEIGHTS = ("auto", "float16", "int8", "int4")
 
 def lowered_decoder(model, weights: str) -> Decoder:
     """A copy of the static engine's decoder with every projection and the LM head in `weights`."""
-    decoder = Decoder(model)
+    decoder = Decoder(model, share_weights=False)  # its full weights go: the model must keep its own
     for module in decoder.modules():
         if isinstance(module, Linear):
             module.lower(weights)

@@ -129,10 +129,11 @@ class Decoder(nn.Module):
     each, which on this CPU costs about what the largest block alone does), attention runs per block.
     """
 
-    def __init__(self, model, weights: str = "full", planes: dict | None = None):
+    def __init__(self, model, weights: str = "full", planes: dict | None = None, share_weights: bool = True):
         """weights: "full" (the model's own), or "int8" / "int4" (model/linear.py): each projection from its
         entry in `planes` (nn.Linear -> quantized_weights.Planes: a GGUF file's own blocks) where there is one,
-        else quantized here."""
+        else quantized here. share_weights: the model's linears become views of the fused weights (one copy in
+        memory; Linear.share_with), for the target's own decoder, not a drafting copy that lowers its weights."""
         super().__init__()
         config, inner = model.config, model.model
         self.traits = traits = traits_of(model)
@@ -155,7 +156,7 @@ class Decoder(nn.Module):
 
         def linear(linears):
             if weights == "full":
-                return Linear(linears)
+                return shared(Linear(linears), linears)
             if ours:
                 fused = Linear(linears, qweights=qkernel.concat([planes[m] for m in linears]), dtype=self.embed.dtype)
                 _route_through(linears, fused)
@@ -166,7 +167,12 @@ class Decoder(nn.Module):
                 # the model itself becomes the quantized one (its weights the planes' values), so that what reads
                 # it -- transformers' forward, generate(), the bench's float32 tie check -- sees the same model
                 m.weight = nn.Parameter(part.dequantize(m.weight.dtype).to(m.weight.dtype), requires_grad=False)
-            return Linear(linears, quantized_weights.concat(parts))
+            return shared(Linear(linears, quantized_weights.concat(parts)), linears)
+
+        def shared(fused: Linear, linears) -> Linear:
+            if share_weights:
+                fused.share_with(linears, tied=inner.embed_tokens.weight)
+            return fused
 
         self.weights = weights
         # rows of our kernel's targets attend one at a time (StaticEngine.row_exact)

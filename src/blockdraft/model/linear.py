@@ -77,6 +77,17 @@ class Linear(nn.Module):
         self.register_buffer("low", None)
         self.register_buffer("scales", None)
 
+    def share_with(self, linears, tied: torch.Tensor | None = None) -> None:
+        """Make the linears' weights views of this one's rows: transformers' forward (generate(), the float32 tie
+        check) then reads the same memory, where a second full copy of a 1.5B model would cost GBs. A weight the
+        model ties to its input embedding (`tied`) is left alone: the embedding keeps it."""
+        start = 0
+        for m in linears:
+            n = m.out_features
+            if m.weight is not tied:
+                m.weight = nn.Parameter(self.weight[start : start + n], requires_grad=False)
+            start += n
+
     @property
     def quantized(self) -> bool:
         return self.planes is not None
