@@ -130,8 +130,8 @@ def _write_planes(model, reader, names: dict[str, str], folder: Path, weights: s
     if head is not None and all(entry[0] != head for entry in by_layer.get("other", [])):
         # a tied LM head: the file stores the embedding only, and the head reads the same blocks
         by_layer.setdefault("other", []).append((head, model.get_submodule(head), embedding))
-    if qkernel.preferred(reader.data.size):  # the embedding too stays the file's integers (qkernel.Embedding)
-        by_layer.setdefault("other", []).append((embed, model.get_submodule(embed), embedding))
+    # the embedding too, for where our kernel runs the model (qkernel.Embedding reads its rows as the file's integers)
+    by_layer.setdefault("other", []).append((embed, model.get_submodule(embed), embedding))
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     for key, entries in tqdm(sorted(by_layer.items()), desc="converting the GGUF blocks to planes (once)",
@@ -176,7 +176,9 @@ def build(folder: Path, gguf: Path, dtype: torch.dtype, weights: str, planes_fol
         _write_planes(model, reader, names, planes_folder, weights)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     cached = _cached_names(planes_folder) if quantized else set()
-    cached_embedding = {n for n, m in model.named_modules() if isinstance(m, nn.Embedding) and n in cached}
+    # where our kernel runs the projections, the embedding stays the file's integers too; else a dense copy
+    ours = quantized and qkernel.preferred(gguf.stat().st_size)
+    cached_embedding = {n for n, m in model.named_modules() if isinstance(m, nn.Embedding) and n in cached and ours}
     for tensor in reader.tensors:
         hf = names.get(tensor.name)
         if hf is None:
