@@ -159,38 +159,26 @@ def test_checkpoint_of_another_kind_is_refused(tiny, trained):
         BPDDrafter.from_pretrained(root / "dflash", tiny)
 
 
-def test_the_old_names_still_load_and_train(tiny, trained, tmp_path, capsys):
-    """Before each drafter had one name, checkpoints recorded the kinds 'heads' and 'block', the styles
-    'blockdraft' and 'dflash', and an AR module's base_kind 'block' (the shipped checkpoints still do)."""
-    from blockdraft.drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter
-    from blockdraft.train.run import training_config
+def test_one_name_per_drafter_kind_everywhere(tiny, trained, tmp_path):
+    """Every checkpoint, shipped ones included, records its drafter kind under the name of the method that trains it
+    (no aliases): a checkpoint under another name is refused, saying what it holds."""
+    from blockdraft.drafters.dflash_styles import STYLES
+    from blockdraft.methods import CHECKPOINTS, METHODS
 
-    root, bpd, dflash = trained
-
-    def old(name, **fields):
-        shutil.copytree(root / name, tmp_path / name)
-        config = json.loads((tmp_path / name / "config.json").read_text())
-        (tmp_path / name / "config.json").write_text(json.dumps({**config, **fields}))
-        return tmp_path / name
-
-    heads = BPDDrafter.from_pretrained(old("bpd", blockdraft_drafter="heads"), tiny)
-    h = torch.randn(tiny.hidden_size)
-    assert torch.equal(heads.draft_lattice(h).tokens, bpd.draft_lattice(h).tokens)
-    block = DFlashDrafter.from_pretrained(old("dflash", blockdraft_drafter="block", style="blockdraft"), tiny)
-    assert block.config.style == "seeded" and block.model.style.name == "seeded"
-    TreeFlashDrafter(block, ARApproxModule(ARApproxConfig(tiny.hidden_size, 16))).save_pretrained(
-        tmp_path / "module", tiny)
-    config = json.loads((tmp_path / "module" / "config.json").read_text())
-    (tmp_path / "module" / "config.json").write_text(json.dumps({**config, "base_kind": "block"}))
-    assert TreeFlashDrafter.from_pretrained(tmp_path / "module", tiny, block).base is block
-    capsys.readouterr()
-    cfg, _ = training_config("block", tmp_path / "run", style="dflash")
-    assert type(cfg).__name__ == "DFlashTrainConfig" and cfg.style == "vllm"
-    assert type(training_config("heads", tmp_path / "run")[0]).__name__ == "BPDTrainConfig"
-    notes = capsys.readouterr().err.splitlines()
-    assert notes == ["blockdraft: note: --drafter block is now --drafter dflash (the old name still works)",
-                     "blockdraft: note: --style dflash is now --style vllm (the old name still works)",
-                     "blockdraft: note: --drafter heads is now --drafter bpd (the old name still works)"]
+    trainers = {m.trainer for m in METHODS.values() if m.trainer} | {"neural-lm"}
+    for config in CHECKPOINTS.glob("*/*/config.json"):
+        recorded = json.loads(config.read_text())
+        if "blockdraft_drafter" in recorded:
+            assert recorded["blockdraft_drafter"] in trainers, config
+            assert recorded.get("base_kind") in (None, "bpd", "dflash"), config
+            assert recorded.get("style") is None or recorded["blockdraft_drafter"] != "dflash" or \
+                recorded["style"] in STYLES, config
+    root, _, _ = trained
+    shutil.copytree(root / "bpd", tmp_path / "bpd")
+    config = json.loads((tmp_path / "bpd" / "config.json").read_text())
+    (tmp_path / "bpd" / "config.json").write_text(json.dumps({**config, "blockdraft_drafter": "heads"}))
+    with pytest.raises(BlockdraftError, match="holds a 'heads' drafter, not a 'bpd' drafter"):
+        BPDDrafter.from_pretrained(tmp_path / "bpd", tiny)
 
 
 def test_corrupt_checkpoints_give_clear_errors(tiny, trained, tmp_path):

@@ -100,7 +100,7 @@ def _train_kinds_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .methods import METHODS
-    from .train.run import train_kind, train_kinds
+    from .train.run import train_kinds
     from .verify import ACCEPTORS
 
     parser = Parser(prog="blockdraft", description="Faster decoding with block drafters, losslessly.")
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compile_arg(a, default=False)
 
     t = sub.add_parser("train", help="train a drafter for a target on ShareGPT (features are extracted once)")
-    t.add_argument("--drafter", default=None, type=train_kind, choices=train_kinds(), help=_train_kinds_help())
+    t.add_argument("--drafter", default=None, choices=train_kinds(), help=_train_kinds_help())
     t.add_argument("--target", default=None, help="model name (default smollm2-135m), model folder, or .gguf file")
     add_precision_args(t)
     t.add_argument("--data", default=None,
@@ -291,7 +291,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train.run import saved_run, train_command, train_kind, training_config
+    from .train.run import saved_run, train_command, training_config
     from .train.trainer import saved_state
 
     names = ("epochs", "max_minutes", "stop_at_step", "num_heads", "inner_size", "num_layers", "gamma", "draft_vocab",
@@ -311,7 +311,6 @@ def cmd_train(args) -> int:
         for key in ("drafter", "data", "max_tokens", "valid_tokens", "max_len"):
             if getattr(args, key) is None:
                 setattr(args, key, before.get(key))
-        args.drafter = train_kind(args.drafter)  # a run started under an old name
         if args.target is None:
             args.target = before.get("target_arg")
         options = {k: before.get("options", {}).get(k) if v is None else v for k, v in options.items()}

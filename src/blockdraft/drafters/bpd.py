@@ -60,7 +60,7 @@ class BPDDrafter(LatticeDrafter):
     """Chain drafter: the top-1 token of every head (the lattice keeps the top-k for refiners)."""
 
     name = "bpd"
-    kind = "bpd"  # its checkpoints' kind (drafters/checkpoint.py; "heads" before, still loads)
+    kind = "bpd"  # its checkpoints' kind (drafters/checkpoint.py)
 
     def __init__(self, model: BPDModel, lm_head: FrozenLMHead, top_k: int = 8, num_heads: int | None = None,
                  embed: torch.Tensor | None = None):

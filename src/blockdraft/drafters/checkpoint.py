@@ -13,15 +13,6 @@ from safetensors.torch import load_file, save_file
 from ..errors import BlockdraftError
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
-# Drafter kinds before each drafter had one name (its method's): checkpoints that record them still load
-OLD_KINDS = {"heads": "bpd", "block": "dflash"}
-
-
-def drafter_kind(recorded: str | None) -> str | None:
-    """A checkpoint's drafter kind under its current name ('block' -> 'dflash', 'heads' -> 'bpd')."""
-    return OLD_KINDS.get(recorded, recorded)
-
-
 def target_signature(target) -> dict:
     """What a checkpoint remembers about its target; loading with any other target is refused."""
     return {"name": target.name, "vocab_size": target.vocab_size, "hidden_size": target.hidden_size,
@@ -56,7 +47,7 @@ def load_checkpoint(folder, kind: str, target=None) -> tuple[dict, dict[str, tor
     """Read and check a checkpoint folder: right drafter kind, right target, readable weights."""
     folder = Path(folder)
     config = read_config(folder)
-    found = drafter_kind(config.get("blockdraft_drafter"))
+    found = config.get("blockdraft_drafter")
     if found != kind:
         raise BlockdraftError(f"'{folder}' holds a '{found}' drafter, not a '{kind}' drafter")
     if target is not None:

@@ -22,7 +22,7 @@ class DFlashDrafter(LatticeDrafter):
     """Drafts gamma-1 tokens per step with one DFlashModel pass; proposes the chain of top-1 tokens."""
 
     name = "dflash"
-    kind = "dflash"  # its checkpoints' kind (drafters/checkpoint.py; "block" before, still loads)
+    kind = "dflash"  # its checkpoints' kind (drafters/checkpoint.py)
 
     def __init__(self, model: DFlashModel, embed: torch.Tensor, lm_head: FrozenLMHead, top_k: int = 8,
                  depth: int | None = None):

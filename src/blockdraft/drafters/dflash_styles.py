@@ -13,9 +13,6 @@ what the block's inputs carry and in small architectural details, each a method 
   that `blockdraft export --to vllm` can write it exactly: per-head RMSNorm on queries and keys, block
   inputs that are plain embeddings [root, MASK x (gamma-1)] with MASK the target's own embedding of
   `mask_token_id`, features scaled but not centred, no final-state feature.
-
-Checkpoints written before the styles had these names say "blockdraft" (now "seeded") and "dflash" (now
-"vllm"): both still load (OLD_STYLES).
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from torch import nn
 
 from ..errors import BlockdraftError
 
-OLD_STYLES = {"blockdraft": "seeded", "dflash": "vllm"}  # the names checkpoints and commands used before
 
 
 class Seeded:
@@ -115,8 +111,7 @@ STYLES = {s.name: s for s in (Seeded(), Vllm())}
 
 
 def style_name(name: str) -> str:
-    """A style's current name ('blockdraft' -> 'seeded', 'dflash' -> 'vllm'); unknown names are refused."""
-    name = OLD_STYLES.get(name, name)
+    """`name`, checked: unknown names are refused."""
     if name not in STYLES:
         raise BlockdraftError(f"unknown DFlash style '{name}': choose one of {', '.join(STYLES)}")
     return name

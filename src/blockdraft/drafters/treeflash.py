@@ -32,7 +32,7 @@ from ..trees.budget import CostCurve, keep_best, node_budget
 from ..trees.builders import best_first_transition_tree
 from ..trees.sampled import drafting_generator, sampled_tree
 from .base import DraftContext, Drafter, LatticeDrafter
-from .checkpoint import drafter_kind, load_checkpoint, load_weights, save_drafter
+from .checkpoint import load_checkpoint, load_weights, save_drafter
 from .context_copy import NO_COPY, extend_table
 
 
@@ -107,7 +107,7 @@ class TreeFlashDrafter(Drafter):
     SAMPLE_SUPPORT = 512
 
     name = "treeflash"
-    kind = "arapprox"
+    kind = "treeflash"  # its checkpoints' kind: the module `train --drafter treeflash` makes (treeflash and hydra)
     wraps = ("base",)
 
     def __init__(self, base: LatticeDrafter, module: ARApproxModule, budget: int = 16, parents: int = 8,
@@ -140,7 +140,7 @@ class TreeFlashDrafter(Drafter):
         config, state = load_checkpoint(folder, cls.kind, target)
         state.pop("draft_vocab", None)  # the base drafter's, recorded for the record
         cfg = ARApproxConfig(**{k: v for k, v in config.items() if k in ARApproxConfig.__dataclass_fields__})
-        if drafter_kind(cfg.base_kind) != base.kind:  # modules trained before the rename say 'block' or 'heads'
+        if cfg.base_kind != base.kind:
             raise BlockdraftError(f"the AR module '{folder}' was trained on a '{cfg.base_kind}' drafter, "
                                   f"not on a '{base.kind}' drafter")
         module = ARApproxModule(cfg)

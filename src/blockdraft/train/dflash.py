@@ -10,7 +10,7 @@ import torch
 
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
-from ..drafters.dflash_styles import OLD_STYLES, STYLES, style_name
+from ..drafters.dflash_styles import STYLES, style_name
 from ..drafters.layers import FrozenLMHead
 from ..errors import BlockdraftError
 from .distill import Teacher, depth_weights, distill_loss
@@ -24,7 +24,6 @@ from .vocab import DEFAULT_DRAFT_VOCAB, draft_vocabulary, grow_vocabulary
 @dataclass
 class DFlashTrainConfig:
     styles: ClassVar[tuple[str, ...]] = tuple(STYLES)  # --style
-    old_styles: ClassVar[dict[str, str]] = OLD_STYLES  # the names they had before, still accepted
     num_layers: int = 2
     gamma: int = 8
     draft_vocab: int | None = None  # None: 8192 for a new run, the checkpoint's with --init (which may grow it)

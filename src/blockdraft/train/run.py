@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import fields
 from importlib import import_module
 from pathlib import Path
 
 from ..data.sharegpt import data_sources, source_names, split_sources
-from ..drafters.checkpoint import OLD_KINDS
 from ..errors import BlockdraftError
 from ..model.loading import cache_dir
 from .features import DEFAULT_MAX_LEN, build_store
@@ -28,19 +26,6 @@ def train_kinds() -> list[str]:
 def trainer_of(kind: str):
     """(options dataclass, train function) of a `--drafter` kind: TRAINING in train/KIND.py."""
     return import_module(f"{__package__}.{kind}").TRAINING
-
-
-def note(message: str) -> None:
-    print(f"blockdraft: note: {message}", file=sys.stderr)
-
-
-def train_kind(name: str | None) -> str | None:
-    """A --drafter kind under its current name: the old 'heads' and 'block' (before each drafter had one name,
-    its method's) still work, with a one-line note, as 'bpd' and 'dflash'."""
-    if name in OLD_KINDS:
-        note(f"--drafter {name} is now --drafter {OLD_KINDS[name]} (the old name still works)")
-        return OLD_KINDS[name]
-    return name
 
 
 def store_folder(target, data: str, split: str, max_tokens: int, max_len: int = DEFAULT_MAX_LEN) -> Path:
@@ -82,7 +67,6 @@ def prepare_stores(target, data: str = "sharegpt", max_tokens: int = 600_000, va
 
 def training_config(drafter: str, out, resume: bool = False, **options):
     """Check the command's options before anything slow happens; returns (config, train function)."""
-    drafter = train_kind(drafter)
     kinds = train_kinds()
     if drafter not in kinds:
         raise BlockdraftError(f"unknown drafter '{drafter}': choose one of {', '.join(kinds)}")
@@ -100,10 +84,6 @@ def training_config(drafter: str, out, resume: bool = False, **options):
                               f"(fine-tuning); leave out --inner-size, or train from scratch")
     style = options.get("style")
     if style is not None:
-        renamed = getattr(config_cls, "old_styles", {})  # a style's name before it was renamed
-        if style in renamed:
-            note(f"--style {style} is now --style {renamed[style]} (the old name still works)")
-            options = {**options, "style": renamed[style]}
         styles = getattr(config_cls, "styles", ())
         if options["style"] not in styles:
             raise BlockdraftError(f"--style {style}: the '{drafter}' drafter's styles are {', '.join(styles)}")
@@ -126,7 +106,6 @@ def train_command(target, drafter: str, out, data="sharegpt", max_tokens=None, v
 
     A resumed run reuses the feature stores it was started with (their paths are in OUT/run.json):
     they are complete, so nothing is recomputed."""
-    drafter = train_kind(drafter)
     cfg, train = training_config(drafter, out, resume, **options)
     if drafter == "datastore":  # token ids and a suffix array, no target features
         return train(target, out, data, max_tokens)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..drafters.bpd import BPDDrafter
-from ..drafters.checkpoint import drafter_kind, read_config
+from ..drafters.checkpoint import read_config
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.context_copy import copy_tokens, previous_same
 from ..drafters.treeflash import ARApproxConfig, ARApproxModule, TreeFlashDrafter, token_embeddings
@@ -85,7 +85,7 @@ def copy_embeddings(base, copies: torch.Tensor | None) -> torch.Tensor | None:
 def load_base(folder, target):
     """The frozen drafter the module builds on, whichever kind the checkpoint holds (in float32, on the
     target's device)."""
-    kind = drafter_kind(read_config(folder).get("blockdraft_drafter"))
+    kind = read_config(folder).get("blockdraft_drafter")
     if kind not in ("dflash", "bpd"):
         raise BlockdraftError(f"--init '{folder}' must be a dflash or bpd drafter checkpoint (found {kind})")
     base = for_training((DFlashDrafter if kind == "dflash" else BPDDrafter).from_pretrained(folder, target))
