@@ -152,7 +152,7 @@ class Decoder(nn.Module):
         # float copy; elsewhere (small models on AVX512 / AMX CPUs) they become torch's int4 planes plus a full copy of
         # the same values, as any model's quantized weights
         from_file = weights != "full" and any(p.is_meta for p in model.parameters())
-        ours = from_file and qkernel.preferred(planes.file_bytes)
+        ours = from_file and planes.ours  # decided with the embedding's form at load (model/gguf_model.py)
 
         def linear(linears):
             if weights == "full":

@@ -57,9 +57,9 @@ def _layer_key(name: str) -> str:
 class CachedWeights(Mapping):
     """nn.Linear -> QWeight (model/qkernel.py), read from the cache folder when asked for, one at a time."""
 
-    def __init__(self, folder: Path, modules: dict[str, nn.Module], file_bytes: int):
+    def __init__(self, folder: Path, modules: dict[str, nn.Module], ours: bool):
         self.folder, self.by_module = folder, {m: name for name, m in modules.items()}
-        self.file_bytes = file_bytes  # the GGUF file's size (which kernel runs it: qkernel.preferred)
+        self.ours = ours  # our kernel runs them (qkernel.preferred, decided once at load for the whole model)
 
     def __getitem__(self, module) -> qkernel.QWeight:
         from safetensors import safe_open
@@ -198,7 +198,7 @@ def build(folder: Path, gguf: Path, dtype: torch.dtype, weights: str, planes_fol
         return model.eval(), None
     # a tied head's weight is the (dense) embedding; its planes are in the cache like every other projection's
     modules = dict(model.named_modules())
-    return model.eval(), CachedWeights(planes_folder, {n: modules[n] for n in cached}, gguf.stat().st_size)
+    return model.eval(), CachedWeights(planes_folder, {n: modules[n] for n in cached}, ours)
 
 
 def _cached_names(folder: Path) -> set[str]:
